@@ -1,0 +1,1 @@
+"""One module per upstream change. See ``registry`` for the order they apply in."""

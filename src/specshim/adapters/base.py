@@ -1,0 +1,164 @@
+"""What an adapter is: one upstream change, a probe that reads the installed code, and patches.
+
+An adapter never patches anything itself. Its ``patches()`` returns :class:`Patch` records and
+the engine applies and reverts them, so every adapter gets the same all-or-nothing and
+identity-restoring behaviour for free.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+_MISSING = object()
+
+
+class Decision(enum.Enum):
+    """What a probe concluded about the installed code."""
+
+    NEEDED = "needed"
+    NOT_NEEDED = "not needed"
+    NOT_APPLICABLE = "not applicable"
+
+
+@dataclass(frozen=True)
+class Probe:
+    decision: Decision
+    reason: str
+
+
+def needed(reason: str) -> Probe:
+    return Probe(Decision.NEEDED, reason)
+
+
+def not_needed(reason: str) -> Probe:
+    return Probe(Decision.NOT_NEEDED, reason)
+
+
+def not_applicable(reason: str) -> Probe:
+    return Probe(Decision.NOT_APPLICABLE, reason)
+
+
+class UnknownShape(Exception):
+    """The installed code has a shape no adapter was written for.
+
+    Raised by probes and patches; the engine adds the adapter's name, so the message
+    reads "adapter X expected ... but found ...".
+    """
+
+    def __init__(self, expected: str, found: str) -> None:
+        super().__init__(f"expected {expected}, found {found}")
+        self.expected = expected
+        self.found = found
+
+
+@dataclass
+class Patch:
+    """Set ``owner.name = new`` and remember exactly what was there, to put it back.
+
+    ``revert`` restores the very object that was in ``owner.__dict__`` (identity, not
+    equality), or deletes the attribute when the owner only inherited it.
+    """
+
+    owner: Any
+    name: str
+    new: Any
+    _original: Any = field(default=_MISSING, init=False, repr=False)
+    _applied: bool = field(default=False, init=False, repr=False)
+
+    def apply(self) -> None:
+        self._original = vars(self.owner).get(self.name, _MISSING)
+        setattr(self.owner, self.name, self.new)
+        self._applied = True
+
+    def revert(self) -> None:
+        if not self._applied:
+            return
+        if self._original is _MISSING:
+            delattr(self.owner, self.name)
+        else:
+            setattr(self.owner, self.name, self._original)
+        self._applied = False
+
+    @property
+    def original(self) -> Any:
+        """What the attribute resolved to before the patch (inherited values included)."""
+        if self._original is not _MISSING:
+            return self._original
+        return getattr(self.owner, self.name)
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One upstream change and how to bridge it.
+
+    ``waits_for`` lists modules that must be imported before the probe may run; the engine
+    defers the adapter with a post-import hook until they are. ``requires`` names adapters
+    that must be applied first (the engine adds them to the selection).
+    """
+
+    name: str
+    targets: tuple[str, ...]
+    waits_for: tuple[str, ...]
+    why: str
+    upstream: str
+    remove_when: str
+    probe: Callable[[], Probe]
+    patches: Callable[[], list[Patch]]
+    requires: tuple[str, ...] = ()
+
+    @property
+    def distribution_roots(self) -> tuple[str, ...]:
+        """Top-level packages this adapter needs installed, e.g. ``("speculators",)``."""
+        return tuple(dict.fromkeys(m.split(".")[0] for m in self.waits_for))
+
+
+def module(name: str) -> Any:
+    """The already-imported module ``name`` (adapters only run once it is imported)."""
+    mod = sys.modules.get(name)
+    return mod if mod is not None else importlib.import_module(name)
+
+
+def parameters(func: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    """The parameters of ``func`` as the installed code declares them."""
+    return dict(inspect.signature(func).parameters)
+
+
+def source(func: Callable[..., Any]) -> str:
+    return inspect.getsource(inspect.unwrap(func))
+
+
+def calls_with_keyword(func: Callable[..., Any], callee: str, keyword: str) -> bool:
+    """Does the source of ``func`` call ``callee(...)`` passing ``keyword=``?"""
+    pattern = rf"{re.escape(callee)}\((?:[^()]|\([^()]*\))*?\b{re.escape(keyword)}\s*="
+    return re.search(pattern, source(func), re.DOTALL) is not None
+
+
+def first_missing(names: Iterable[str], namespace: Any) -> str | None:
+    for name in names:
+        if not hasattr(namespace, name):
+            return name
+    return None
+
+
+def wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> Patch:
+    """A patch that replaces ``owner.name`` with ``wrapt.FunctionWrapper(original, wrapper)``.
+
+    ``wrapper(wrapped, instance, args, kwargs)`` follows wrapt's convention; the wrapped
+    object keeps its signature and ``__wrapped__`` for introspection.
+    """
+    import wrapt
+
+    return Patch(owner, name, wrapt.FunctionWrapper(getattr(owner, name), wrapper))
+
+
+def generator_class() -> Any:
+    from specshim.adapters.targets import GENERATOR
+
+    return module(GENERATOR).VllmHiddenStatesGenerator

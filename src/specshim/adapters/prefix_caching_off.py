@@ -1,0 +1,52 @@
+"""Switch prefix caching off for extraction (speculators 0.3.0 leaves vLLM's default, on).
+
+With prefix caching on, a prompt that shares a prefix with an earlier one skips the forward
+pass over the cached blocks, so its captured hidden states come back *shorter* than its input
+ids and every later sample in the batch is shifted. speculators 0.4 turned it off for this
+reason (speculators issue #279); 0.3.0 did not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specshim.adapters.base import (
+    Adapter,
+    Patch,
+    Probe,
+    calls_with_keyword,
+    generator_class,
+    module,
+    needed,
+    not_needed,
+    wrap,
+)
+from specshim.adapters.targets import GENERATOR
+
+
+def probe() -> Probe:
+    create = generator_class()._create_vllm_config
+    if calls_with_keyword(create, "CacheConfig", "enable_prefix_caching"):
+        return not_needed("the generator sets enable_prefix_caching itself")
+    return needed("the generator leaves prefix caching at vLLM's default (on)")
+
+
+def _construct(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    kwargs["enable_prefix_caching"] = False
+    return wrapped(*args, **kwargs)
+
+
+def patches() -> list[Patch]:
+    return [wrap(module(GENERATOR), "CacheConfig", _construct)]
+
+
+ADAPTER = Adapter(
+    name="prefix_caching_off",
+    targets=(f"{GENERATOR}.CacheConfig",),
+    waits_for=(GENERATOR,),
+    why="prefix caching skips cached tokens, so their hidden states are never captured",
+    upstream="vllm-project/speculators#279 (fixed in speculators 0.4.0)",
+    remove_when="speculators 0.3.0 is no longer supported",
+    probe=probe,
+    patches=patches,
+)

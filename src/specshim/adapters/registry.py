@@ -1,0 +1,61 @@
+"""Every adapter, in the order they apply.
+
+Consumer before provider: the first adapter makes ``import speculators`` possible, the rest
+patch names in speculators' own modules (and a subclass that only speculators uses), so vLLM's
+own engine never runs patched code.
+"""
+
+from __future__ import annotations
+
+from specshim.adapters import (
+    attention_block_size,
+    device_memory_query,
+    extraction_executor,
+    kv_cache_config,
+    kv_cache_layout,
+    prefix_caching_off,
+    request_batching,
+    request_eos_token_id,
+    request_order,
+    rpc_reply_shape,
+    sample_tokens_split,
+    scheduler_block_size,
+    scheduler_config_encoder_decoder,
+    transformers_annotations,
+    warmup_split,
+    worker_embed_input_ids,
+)
+from specshim.adapters.base import Adapter
+
+ADAPTERS: tuple[Adapter, ...] = (
+    transformers_annotations.ADAPTER,
+    # speculators' generator module (the consumer)
+    attention_block_size.ADAPTER,
+    prefix_caching_off.ADAPTER,
+    device_memory_query.ADAPTER,
+    scheduler_config_encoder_decoder.ADAPTER,
+    kv_cache_config.ADAPTER,
+    scheduler_block_size.ADAPTER,
+    request_eos_token_id.ADAPTER,
+    request_order.ADAPTER,
+    request_batching.ADAPTER,
+    # the generator's executor (a subclass only the generator uses)
+    extraction_executor.ADAPTER,
+    kv_cache_layout.ADAPTER,
+    warmup_split.ADAPTER,
+    sample_tokens_split.ADAPTER,
+    rpc_reply_shape.ADAPTER,
+    # speculators' worker extension, inside vLLM's worker processes
+    worker_embed_input_ids.ADAPTER,
+)
+
+
+def names() -> list[str]:
+    return [a.name for a in ADAPTERS]
+
+
+def get(name: str) -> Adapter:
+    for adapter in ADAPTERS:
+        if adapter.name == name:
+            return adapter
+    raise KeyError(f"no adapter named {name!r}; known adapters: {names()}")

@@ -1,0 +1,54 @@
+"""Build ``Request`` without ``eos_token_id``, which vLLM 0.17 removed.
+
+The generator passes ``eos_token_id=tokenizer.eos_token_id``; from 0.17 that is a
+``TypeError`` (the EOS now lives in ``SamplingParams``). Extraction samples one token and
+throws it away, so the EOS plays no part; the argument is dropped, not moved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specshim.adapters.base import (
+    Adapter,
+    Patch,
+    Probe,
+    calls_with_keyword,
+    generator_class,
+    module,
+    needed,
+    not_needed,
+    parameters,
+    wrap,
+)
+from specshim.adapters.targets import GENERATOR
+
+
+def probe() -> Probe:
+    request = vars(module(GENERATOR))["Request"]
+    if not calls_with_keyword(generator_class().generate, "Request", "eos_token_id"):
+        return not_needed("the generator does not pass eos_token_id")
+    if "eos_token_id" in parameters(request.__init__):
+        return not_needed("Request still accepts eos_token_id (vLLM before 0.17)")
+    return needed("Request no longer accepts eos_token_id; the generator passes it")
+
+
+def _construct(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    kwargs.pop("eos_token_id", None)
+    return wrapped(*args, **kwargs)
+
+
+def patches() -> list[Patch]:
+    return [wrap(module(GENERATOR), "Request", _construct)]
+
+
+ADAPTER = Adapter(
+    name="request_eos_token_id",
+    targets=(f"{GENERATOR}.Request",),
+    waits_for=(GENERATOR,),
+    why="Request(eos_token_id=) was removed in vLLM 0.17",
+    upstream="vLLM 0.17.0 vllm/v1/request.py (eos_token_id moved to SamplingParams)",
+    remove_when="speculators' generator is no longer used (0.5+)",
+    probe=probe,
+    patches=patches,
+)

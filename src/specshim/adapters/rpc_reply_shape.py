@@ -1,0 +1,85 @@
+"""Give speculators 0.3.0 the ``collective_rpc(unique_reply_rank=...)`` reply shape it indexes.
+
+Up to vLLM 0.11.0 ``MultiprocExecutor.collective_rpc`` wrapped the one reply it collected in a
+one-element list; from 0.11.1 it returns the reply itself. speculators 0.3.0 does ``reply[0]``.
+The worker's own reply is a *list of per-layer tensors*, so on new vLLM ``[0]`` silently picks
+layer 0's tensor, and the next line fails (``Boolean value of Tensor ... is ambiguous``) or,
+worse, slices a single tensor as if it were the layers. The shape is decided by the executor's
+contract (its docstring and signature), never by ``isinstance(reply, list)``: the reply itself
+is a list.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from specshim.adapters.base import (
+    Adapter,
+    Patch,
+    Probe,
+    UnknownShape,
+    generator_class,
+    module,
+    needed,
+    not_needed,
+    parameters,
+    source,
+    wrap,
+)
+from specshim.adapters.extraction_executor import NAME as SEAM
+from specshim.adapters.extraction_executor import installed_executor_class
+from specshim.adapters.targets import GENERATOR
+
+#: ``x = self.executor.collective_rpc("_get_captured_states", ...)`` then ``x[0]``.
+_INDEXES_REPLY = re.compile(
+    r"(\w+)\s*=\s*self\.executor\.collective_rpc\(\s*\"_get_captured_states\".*?\)\s*\n.*?\b\1\[0\]",
+    re.DOTALL,
+)
+
+
+def executor_returns_bare_reply(executor: type) -> bool:
+    """The executor's own contract: does ``unique_reply_rank`` give the bare reply?"""
+    rpc = executor.collective_rpc
+    params = parameters(rpc)
+    if "unique_reply_rank" not in params:
+        raise UnknownShape(
+            "MultiprocExecutor.collective_rpc(..., unique_reply_rank=)",
+            f"collective_rpc{tuple(params)}",
+        )
+    doc = rpc.__doc__ or ""
+    return "Returns single result if unique_reply_rank" in doc or "kv_output_aggregator" in params
+
+
+def probe() -> Probe:
+    if not _INDEXES_REPLY.search(source(generator_class().generate)):
+        return not_needed("the generator uses the reply of _get_captured_states as it comes")
+    executor = vars(module(GENERATOR))["MultiprocExecutor"]
+    if not executor_returns_bare_reply(executor):
+        return not_needed("collective_rpc wraps the unique reply in a list, as the generator expects")
+    return needed("collective_rpc returns the bare reply; the generator indexes it with [0]")
+
+
+def _rpc(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    reply = wrapped(*args, **kwargs)
+    if kwargs.get("unique_reply_rank") is not None and not kwargs.get("non_block", False):
+        return [reply]
+    return reply
+
+
+def patches() -> list[Patch]:
+    return [wrap(installed_executor_class(), "collective_rpc", _rpc)]
+
+
+ADAPTER = Adapter(
+    name="rpc_reply_shape",
+    targets=("SpecshimExtractionExecutor.collective_rpc",),
+    waits_for=(GENERATOR,),
+    requires=(SEAM,),
+    why="collective_rpc(unique_reply_rank=) returns the bare reply since vLLM 0.11.1; "
+    "speculators 0.3.0's [0] then turns four layers into one tensor",
+    upstream="vLLM 0.11.1 MultiprocExecutor.collective_rpc (kv_output_aggregator, bare reply)",
+    remove_when="speculators 0.3.0 is no longer supported (0.4 expects the bare reply)",
+    probe=probe,
+    patches=patches,
+)

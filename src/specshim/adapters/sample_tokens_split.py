@@ -1,0 +1,64 @@
+"""Follow every ``execute_model`` that returns ``None`` with ``sample_tokens`` (vLLM 0.11.1+).
+
+vLLM split one step in two: ``execute_model`` runs the forward pass and returns ``None``, and
+``sample_tokens(grammar_output)`` must come next; a second ``execute_model`` without it raises
+``RuntimeError: State error: sample_tokens() must be called after execute_model() returns
+None``. speculators 0.3.0 never calls ``sample_tokens``; 0.4.x calls it with the model output
+(``None``) where the grammar output belongs. Here ``execute_model`` samples at once, with a
+grammar output of ``None`` (extraction requests carry no structured-output constraint, which
+is what ``Scheduler.get_grammar_bitmask`` would say), and the generator's own later
+``sample_tokens`` call receives that result instead of sampling a second time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_needed, wrap
+from specshim.adapters.extraction_executor import NAME as SEAM
+from specshim.adapters.extraction_executor import installed_executor_class
+from specshim.adapters.targets import GENERATOR
+
+_PENDING = "_specshim_sampled_output"
+
+
+def probe() -> Probe:
+    executor = vars(module(GENERATOR))["MultiprocExecutor"]
+    if not hasattr(executor, "sample_tokens"):
+        return not_needed("execute_model still samples (vLLM before 0.11.1)")
+    return needed("execute_model returns None and sample_tokens(grammar_output) must follow")
+
+
+def _execute(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    output = wrapped(*args, **kwargs)
+    if output is None:
+        output = super(installed_executor_class(), instance).sample_tokens(None)
+        setattr(instance, _PENDING, output)
+    return output
+
+
+def _sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if hasattr(instance, _PENDING):
+        return instance.__dict__.pop(_PENDING)
+    return wrapped(*args, **kwargs)
+
+
+def patches() -> list[Patch]:
+    executor = installed_executor_class()
+    return [wrap(executor, "execute_model", _execute), wrap(executor, "sample_tokens", _sample)]
+
+
+ADAPTER = Adapter(
+    name="sample_tokens_split",
+    targets=(
+        "SpecshimExtractionExecutor.execute_model",
+        "SpecshimExtractionExecutor.sample_tokens",
+    ),
+    waits_for=(GENERATOR,),
+    requires=(SEAM,),
+    why="vLLM 0.11.1 split execute_model and sample_tokens; the generator calls them wrongly",
+    upstream="vllm-project/vllm#26866 (async scheduling + structured outputs)",
+    remove_when="speculators' generator is no longer used (0.5+)",
+    probe=probe,
+    patches=patches,
+)

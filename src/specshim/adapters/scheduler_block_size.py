@@ -1,0 +1,82 @@
+"""Pass ``Scheduler`` the block sizes it now requires, computed as the engine core does.
+
+vLLM 0.11.1 made ``block_size`` a required argument (speculators 0.3.0 does not pass it:
+``TypeError``); 0.20 added ``hash_block_size``, which the engine takes, with the scheduler
+block size, from ``resolve_kv_cache_block_sizes``. Everything is passed by keyword, because
+``hash_block_size`` was inserted before parameters that used to be positional.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specshim.adapters.base import (
+    Adapter,
+    Patch,
+    Probe,
+    calls_with_keyword,
+    generator_class,
+    module,
+    needed,
+    not_needed,
+    parameters,
+    wrap,
+)
+from specshim.adapters.targets import GENERATOR
+
+KV_UTILS = "vllm.v1.core.kv_cache_utils"
+
+
+def _missing_arguments() -> list[str]:
+    params = parameters(vars(module(GENERATOR))["Scheduler"].__init__)
+    init = generator_class().__init__
+    return [
+        name
+        for name in ("block_size", "hash_block_size")
+        if name in params and not calls_with_keyword(init, "Scheduler", name)
+    ]
+
+
+def probe() -> Probe:
+    missing = _missing_arguments()
+    if missing:
+        return needed(f"Scheduler takes {', '.join(missing)}, which the generator does not pass")
+    return not_needed("the generator passes every block size the Scheduler takes")
+
+
+def block_sizes(kv_cache_config: Any, vllm_config: Any) -> tuple[int, int | None]:
+    """(scheduler block size, hash block size) as the installed engine core derives them."""
+    utils = module(KV_UTILS)
+    if hasattr(utils, "resolve_kv_cache_block_sizes"):
+        return utils.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    parallel = vllm_config.parallel_config
+    size = vllm_config.cache_config.block_size
+    for factor in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        size *= getattr(parallel, factor, 1)
+    return size, None
+
+
+def _construct(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    params = parameters(wrapped.__init__)
+    scheduler_block, hash_block = block_sizes(kwargs["kv_cache_config"], kwargs["vllm_config"])
+    if "block_size" in params:
+        kwargs.setdefault("block_size", scheduler_block)
+    if "hash_block_size" in params and hash_block is not None:
+        kwargs.setdefault("hash_block_size", hash_block)
+    return wrapped(*args, **kwargs)
+
+
+def patches() -> list[Patch]:
+    return [wrap(module(GENERATOR), "Scheduler", _construct)]
+
+
+ADAPTER = Adapter(
+    name="scheduler_block_size",
+    targets=(f"{GENERATOR}.Scheduler",),
+    waits_for=(GENERATOR,),
+    why="Scheduler requires block_size (0.11.1) and takes hash_block_size (0.20)",
+    upstream="vllm-project/vllm#44165 (block sizes from resolve_kv_cache_block_sizes)",
+    remove_when="speculators' generator is no longer used (0.5+)",
+    probe=probe,
+    patches=patches,
+)

@@ -1,0 +1,67 @@
+"""Tell ``SchedulerConfig`` the model is not an encoder-decoder (a required field since 0.11.1).
+
+``SchedulerConfig`` gained a required init-only field ``is_encoder_decoder``; speculators 0.3.0
+builds the config without it and pydantic rejects it (``is_encoder_decoder Field required``).
+speculators 0.4 passes ``False``; so does this wrapper, unless the caller passed a value.
+The generator only supports decoder-only models (it patches ``model.model.layers``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from specshim.adapters.base import (
+    Adapter,
+    Patch,
+    Probe,
+    calls_with_keyword,
+    generator_class,
+    module,
+    needed,
+    not_needed,
+    wrap,
+)
+from specshim.adapters.targets import GENERATOR
+
+
+def _requires_flag(config_class: type) -> bool:
+    init_vars = {
+        name: value
+        for name, value in vars(config_class).get("__annotations__", {}).items()
+        if name == "is_encoder_decoder"
+    }
+    if not init_vars:
+        return False
+    default = getattr(config_class, "is_encoder_decoder", dataclasses.MISSING)
+    return default is dataclasses.MISSING or isinstance(default, dataclasses.Field)
+
+
+def probe() -> Probe:
+    config_class = vars(module(GENERATOR))["SchedulerConfig"]
+    if calls_with_keyword(generator_class()._create_vllm_config, "SchedulerConfig", "is_encoder_decoder"):
+        return not_needed("the generator passes is_encoder_decoder")
+    if not _requires_flag(config_class):
+        return not_needed("SchedulerConfig does not require is_encoder_decoder")
+    return needed("SchedulerConfig requires is_encoder_decoder; the generator omits it")
+
+
+def _construct(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    kwargs.setdefault("is_encoder_decoder", False)
+    return wrapped(*args, **kwargs)
+
+
+def patches() -> list[Patch]:
+    return [wrap(module(GENERATOR), "SchedulerConfig", _construct)]
+
+
+ADAPTER = Adapter(
+    name="scheduler_config_encoder_decoder",
+    targets=(f"{GENERATOR}.SchedulerConfig",),
+    waits_for=(GENERATOR,),
+    why="SchedulerConfig requires is_encoder_decoder since vLLM 0.11.1; speculators 0.3.0 omits it",
+    upstream="vLLM 0.11.1 vllm/config/scheduler.py (is_encoder_decoder: InitVar[bool])",
+    remove_when="speculators 0.3.0 is no longer supported",
+    probe=probe,
+    patches=patches,
+)

