@@ -131,6 +131,9 @@ def _selection(only: Iterable[str] | None, exclude: Iterable[str] | None) -> lis
                 chosen.add(dependency)
                 pending.append(dependency)
     chosen -= set(exclude or ())
+    # An adapter whose requirement was excluded cannot work: leave it out too.
+    while dropped := {n for n in chosen if not set(registry.get(n).requires) <= chosen}:
+        chosen -= dropped
     return [a for a in registry.ADAPTERS if a.name in chosen]
 
 
@@ -244,7 +247,10 @@ def apply(
             else:
                 _wait_for(adapter)
                 waiting_on = [m for m in adapter.waits_for if m not in sys.modules]
-                _engine.outcome[adapter.name] = (State.WAITING, f"until {waiting_on[0]} is imported")
+                _engine.outcome[adapter.name] = (
+                    State.WAITING,
+                    f"until {waiting_on[0]} is imported",
+                )
         for name in sorted(set(registry.names()) - {a.name for a in selected}):
             reason = "SPECSHIM_DISABLE or exclude" if name in exclude else "not in only="
             if name not in _engine.applied:
@@ -290,7 +296,9 @@ def status() -> Report:
 def _report(changed: bool) -> Report:
     statuses = []
     for adapter in registry.ADAPTERS:
-        state, reason = _engine.outcome.get(adapter.name, (State.NOT_SELECTED, "apply() not called"))
+        state, reason = _engine.outcome.get(
+            adapter.name, (State.NOT_SELECTED, "apply() not called")
+        )
         statuses.append(
             AdapterStatus(
                 name=adapter.name,

@@ -46,7 +46,7 @@ def satisfies(version: Version | str, specifier: str) -> bool:
 
 def is_development(version: Version | str) -> bool:
     v = parse(version) if isinstance(version, str) else version
-    return v.is_devrelease or v.is_prerelease or v.local is not None and "g" in v.local
+    return v.is_prerelease or v.is_devrelease or str(v.local or "").startswith("g")
 
 
 @dataclass(frozen=True)

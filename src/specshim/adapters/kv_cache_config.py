@@ -38,8 +38,12 @@ def _missing_pieces() -> list[str]:
     )
     if passes_specs and "kv_cache_specs" not in parameters(function):
         pieces.append("kv_cache_specs is no longer accepted")
-    config_fields = getattr(module("vllm.v1.kv_cache_interface").KVCacheConfig, "__dataclass_fields__", {})
-    pieces += [f"KVCacheConfig.{f} is set by the engine" for f in ENGINE_FIELDS if f in config_fields]
+    config_fields = getattr(
+        module("vllm.v1.kv_cache_interface").KVCacheConfig, "__dataclass_fields__", {}
+    )
+    pieces += [
+        f"KVCacheConfig.{f} is set by the engine" for f in ENGINE_FIELDS if f in config_fields
+    ]
     return pieces
 
 

@@ -26,9 +26,7 @@ from specshim.adapters.base import (
 from specshim.adapters.targets import GENERATOR
 
 
-def batches(
-    lengths: Sequence[int], max_seqs: int, max_tokens: int
-) -> Iterator[tuple[int, int]]:
+def batches(lengths: Sequence[int], max_seqs: int, max_tokens: int) -> Iterator[tuple[int, int]]:
     """``(start, stop)`` ranges of consecutive prompts within both limits (one prompt at least)."""
     start, tokens = 0, 0
     for i, length in enumerate(lengths):

@@ -6,7 +6,8 @@ The worker's own reply is a *list of per-layer tensors*, so on new vLLM ``[0]`` 
 layer 0's tensor, and the next line fails (``Boolean value of Tensor ... is ambiguous``) or,
 worse, slices a single tensor as if it were the layers. The shape is decided by the executor's
 contract (its docstring and signature), never by ``isinstance(reply, list)``: the reply itself
-is a list.
+is a list. Only the worker methods the generator itself calls this way are re-wrapped; the
+executor's own calls (``execute_model`` uses ``unique_reply_rank`` too) keep the new contract.
 """
 
 from __future__ import annotations
@@ -31,11 +32,16 @@ from specshim.adapters.extraction_executor import NAME as SEAM
 from specshim.adapters.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR
 
-#: ``x = self.executor.collective_rpc("_get_captured_states", ...)`` then ``x[0]``.
+#: ``x = self.executor.collective_rpc("method", ..., unique_reply_rank=...)`` then ``x[0]``.
 _INDEXES_REPLY = re.compile(
-    r"(\w+)\s*=\s*self\.executor\.collective_rpc\(\s*\"_get_captured_states\".*?\)\s*\n.*?\b\1\[0\]",
-    re.DOTALL,
+    r"(\w+)\s*=\s*self\.executor\.collective_rpc\(\s*\"(\w+)\"[^)]*unique_reply_rank[^)]*\)"
+    r"\s*\n\s*\w+\s*=\s*\1\[0\]",
 )
+
+
+def indexed_methods() -> set[str]:
+    """Worker methods whose unique reply the generator indexes with ``[0]``."""
+    return {m.group(2) for m in _INDEXES_REPLY.finditer(source(generator_class().generate))}
 
 
 def executor_returns_bare_reply(executor: type) -> bool:
@@ -52,23 +58,29 @@ def executor_returns_bare_reply(executor: type) -> bool:
 
 
 def probe() -> Probe:
-    if not _INDEXES_REPLY.search(source(generator_class().generate)):
+    if not indexed_methods():
         return not_needed("the generator uses the reply of _get_captured_states as it comes")
     executor = vars(module(GENERATOR))["MultiprocExecutor"]
     if not executor_returns_bare_reply(executor):
-        return not_needed("collective_rpc wraps the unique reply in a list, as the generator expects")
+        return not_needed(
+            "collective_rpc wraps the unique reply in a list, as the generator expects"
+        )
     return needed("collective_rpc returns the bare reply; the generator indexes it with [0]")
 
 
-def _rpc(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
-    reply = wrapped(*args, **kwargs)
-    if kwargs.get("unique_reply_rank") is not None and not kwargs.get("non_block", False):
-        return [reply]
-    return reply
+def _rpc_for(methods: set[str]) -> Any:
+    def _rpc(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+        reply = wrapped(*args, **kwargs)
+        method = args[0] if args else kwargs.get("method")
+        if method in methods and kwargs.get("unique_reply_rank") is not None:
+            return [reply]
+        return reply
+
+    return _rpc
 
 
 def patches() -> list[Patch]:
-    return [wrap(installed_executor_class(), "collective_rpc", _rpc)]
+    return [wrap(installed_executor_class(), "collective_rpc", _rpc_for(indexed_methods()))]
 
 
 ADAPTER = Adapter(

@@ -39,7 +39,9 @@ def _requires_flag(config_class: type) -> bool:
 
 def probe() -> Probe:
     config_class = vars(module(GENERATOR))["SchedulerConfig"]
-    if calls_with_keyword(generator_class()._create_vllm_config, "SchedulerConfig", "is_encoder_decoder"):
+    if calls_with_keyword(
+        generator_class()._create_vllm_config, "SchedulerConfig", "is_encoder_decoder"
+    ):
         return not_needed("the generator passes is_encoder_decoder")
     if not _requires_flag(config_class):
         return not_needed("SchedulerConfig does not require is_encoder_decoder")

@@ -1,0 +1,123 @@
+"""The compatibility matrix: which combinations were run for real, and what happened.
+
+``compat_matrix.yaml`` (at the project root) holds one row
+per tested combination. ``verdict`` answers for an installed combination: a row that matches
+the vLLM release and the speculators version exactly gives its measured verdict; a nightly or
+an unlisted release is *untested*, and the nearest measured rows are named, never claimed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from specshim import versions
+
+VERDICTS = ("pass", "fail", "untested")
+LEVELS = ("none", "import", "probes", "extraction", "training")
+REQUIRED = ("vllm", "distribution", "speculators", "verdict", "level", "measured")
+
+
+@dataclass(frozen=True)
+class Row:
+    vllm: str
+    distribution: str
+    speculators: str
+    verdict: str
+    level: str
+    measured: str
+    python: str | None = None
+    torch: str | None = None
+    transformers: str | None = None
+    adapters: tuple[str, ...] = ()
+    error: str | None = None
+    note: str | None = None
+
+    def label(self) -> str:
+        return f"{self.distribution} {self.vllm} + speculators {self.speculators}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # "tested-pass", "tested-fail", "untested"
+    detail: str
+    rows: tuple[Row, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "detail": self.detail,
+            "rows": [r.label() for r in self.rows],
+        }
+
+
+def _row(index: int, raw: Any) -> Row:
+    if not isinstance(raw, dict):
+        raise ValueError(f"compat_matrix.yaml row {index}: expected a mapping, got {raw!r}")
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:
+        raise ValueError(f"compat_matrix.yaml row {index}: missing {missing}")
+    if raw["verdict"] not in VERDICTS:
+        raise ValueError(
+            f"compat_matrix.yaml row {index}: verdict must be one of {VERDICTS}, "
+            f"got {raw['verdict']!r}"
+        )
+    if raw["level"] not in LEVELS:
+        raise ValueError(
+            f"compat_matrix.yaml row {index}: level must be one of {LEVELS}, got {raw['level']!r}"
+        )
+    fields = {k: (str(v) if v is not None and k != "adapters" else v) for k, v in raw.items()}
+    fields["adapters"] = tuple(raw.get("adapters") or ())
+    versions.parse(fields["vllm"])
+    versions.parse(fields["speculators"])
+    return Row(**fields)
+
+
+def default_path() -> Path:
+    """``$SPECSHIM_MATRIX``, else the ``compat_matrix.yaml`` of this checkout."""
+    override = os.environ.get("SPECSHIM_MATRIX")
+    return (
+        Path(override) if override else Path(__file__).resolve().parents[2] / "compat_matrix.yaml"
+    )
+
+
+def load(path: str | Path | None = None) -> list[Row]:
+    import yaml
+
+    path = Path(path) if path else default_path()
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: expected a mapping with a 'rows' list")
+    return [_row(i, raw) for i, raw in enumerate(data["rows"])]
+
+
+def _distance(a: Version, b: Version) -> tuple[int, int, int]:
+    return (abs(a.major - b.major), abs(a.minor - b.minor), abs(a.micro - b.micro))
+
+
+def verdict(rows: list[Row], vllm: str | None, speculators: str | None) -> Verdict:
+    if vllm is None or speculators is None:
+        return Verdict("untested", "vLLM and speculators must both be installed to judge")
+    installed = versions.parse(vllm)
+    exact = [
+        r
+        for r in rows
+        if versions.base(r.vllm) == versions.base(installed)
+        and versions.parse(r.speculators) == versions.parse(speculators)
+        and r.verdict != "untested"
+    ]
+    if exact and not versions.is_development(installed):
+        worst = "fail" if any(r.verdict == "fail" for r in exact) else "pass"
+        levels = ", ".join(f"{r.level} ({r.measured})" for r in exact)
+        return Verdict(f"tested-{worst}", f"measured: {levels}", tuple(exact))
+    same_spec = [r for r in rows if versions.parse(r.speculators) == versions.parse(speculators)]
+    nearest = sorted(same_spec, key=lambda r: _distance(versions.parse(r.vllm), installed))[:2]
+    names = "; ".join(f"{r.label()}: {r.verdict} at {r.level}" for r in nearest) or "none"
+    kind = "a development build" if versions.is_development(installed) else "not in the matrix"
+    return Verdict(
+        "untested", f"vLLM {vllm} is {kind}; nearest tested rows: {names}", tuple(nearest)
+    )

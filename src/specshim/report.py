@@ -1,0 +1,86 @@
+"""``specshim report``: versions, accelerator, every adapter's state and the matrix verdict.
+
+The report applies specshim and imports speculators' generator (when installed) so that every
+probe runs against the installed code, then reverts: what it prints is what ``apply()`` would
+do in this environment, not a guess from version numbers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+from specshim import engine, hardware, matrix, versions
+from specshim.adapters.targets import GENERATOR, WORKER
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FullReport:
+    installed: list[versions.Installed]
+    accelerator: hardware.Accelerator
+    adapters: engine.Report
+    import_error: str | None
+    verdict: matrix.Verdict
+
+    @property
+    def exit_code(self) -> int:
+        broken = self.verdict.status == "tested-fail"
+        return 1 if broken or not self.adapters.ok or self.import_error else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "installed": [i.to_dict() for i in self.installed],
+            "accelerator": self.accelerator.to_dict(),
+            "adapters": self.adapters.to_dict()["adapters"],
+            "import_error": self.import_error,
+            "verdict": self.verdict.to_dict(),
+        }
+
+    def to_text(self) -> str:
+        lines = ["specshim report", ""]
+        for item in self.installed:
+            source = f" ({item.distribution})" if item.distribution not in (None, item.name) else ""
+            lines.append(f"  {item.name:<13} {item.version or 'not installed'}{source}")
+        lines.append(f"  {'accelerator':<13} {self.accelerator.describe()}")
+        lines += ["", "adapters:"]
+        width = max(len(a.name) for a in self.adapters.adapters)
+        for a in self.adapters.adapters:
+            lines.append(f"  {a.name:<{width}}  {a.state.value:<15} {a.reason}")
+        if self.import_error:
+            lines += ["", f"importing speculators' generator failed: {self.import_error}"]
+        lines += ["", f"verdict: {self.verdict.status}: {self.verdict.detail}"]
+        return "\n".join(lines)
+
+
+def _import_consumers() -> str | None:
+    """Import speculators' generator and worker so that every probe meets the installed code."""
+    if importlib.util.find_spec("speculators") is None:
+        return None
+    try:
+        importlib.import_module(GENERATOR)
+        importlib.import_module(WORKER)
+    except Exception as exc:  # the report's job is to say what broke, not to stop
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def build(probe_imports: bool = True) -> FullReport:
+    installed = versions.all_installed()
+    by_name = {i.name: i.version for i in installed}
+    try:
+        rows = matrix.load()
+        verdict = matrix.verdict(rows, by_name["vllm"], by_name["speculators"])
+    except FileNotFoundError as exc:
+        verdict = matrix.Verdict("untested", f"no compatibility matrix: {exc}")
+    already_applied = bool(engine.status().applied)
+    adapters = engine.apply()
+    import_error = _import_consumers() if probe_imports else None
+    adapters = engine.status()
+    if not already_applied:
+        engine.revert()
+    return FullReport(installed, hardware.detect(), adapters, import_error, verdict)

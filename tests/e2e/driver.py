@@ -1,0 +1,88 @@
+"""Run speculators' real generator on real vLLM in a fresh process and save what it returned.
+
+Used by the end-to-end tests, one process per (vLLM environment, speculators version,
+adapter selection): vLLM's workers and patches must start from a clean slate each time.
+
+    python driver.py --model DIR --out FILE [--exclude a,b] [--no-shim] [--batches 1,11,40]
+
+Writes FILE (torch.save) with the results of each batching, or FILE.error.json with the
+exception when the generator fails, and exits 3 in that case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import traceback
+
+from specshim.testbed import cpu
+
+PROMPTS = 40
+MAX_MODEL_LEN = 256
+
+
+def prompts(vocab_size: int, count: int = PROMPTS, seed: int = 0) -> list[list[int]]:
+    """Deterministic prompts of varied length; the last one is longer than max_model_len."""
+    rng = random.Random(seed)
+    out = [
+        [rng.randrange(8, vocab_size) for _ in range(rng.randint(4, 96))] for _ in range(count - 1)
+    ]
+    out.append([rng.randrange(8, vocab_size) for _ in range(MAX_MODEL_LEN + 20)])
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--exclude", default="")
+    parser.add_argument("--no-shim", action="store_true")
+    parser.add_argument("--batches", default="1,11,40")
+    parser.add_argument("--tp", type=int, default=1)
+    args = parser.parse_args()
+    cpu.configure()
+    applied: list[str] = []
+    try:
+        if not args.no_shim:
+            import specshim
+
+            exclude = [x for x in args.exclude.split(",") if x]
+            specshim.apply(exclude=exclude)
+        from speculators.data_generation.vllm_hidden_states_generator import (
+            VllmHiddenStatesGenerator,
+        )
+
+        if not args.no_shim:
+            applied = list(specshim.status().applied)
+        generator = VllmHiddenStatesGenerator(
+            args.model, max_model_len=MAX_MODEL_LEN, tensor_parallel_size=args.tp
+        )
+        data = prompts(len(generator.tokenizer))
+        results: dict[str, object] = {"prompts": data, "layer_ids": generator.layer_ids}
+        for size in (int(b) for b in args.batches.split(",")):
+            batch_results = []
+            for start in range(0, len(data), size):
+                batch_results += generator.generate(data[start : start + size])
+            results[f"batch_{size}"] = batch_results
+        results["applied"] = applied
+    except Exception as exc:
+        error = {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc(),
+            "applied": applied,
+        }
+        with open(args.out + ".error.json", "w") as f:
+            json.dump(error, f)
+        print(error["traceback"], file=sys.stderr)
+        return 3
+    import torch
+
+    torch.save(results, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The patch engine's contract, on fake adapters over a fake module.
+
+These adapters are fakes (``fake_*``) because the engine's rules (rollback, deferral,
+strictness, idempotence, threads) are about the engine, not about vLLM; the same rules are
+checked against the real adapters and the real vLLM in ``test_engine_real.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from fakes import fake_adapter, original, use
+
+import specshim
+from specshim import engine
+from specshim.adapters.base import not_needed
+
+
+def test_apply_twice_changes_nothing_the_second_time(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b"))
+    first = specshim.apply()
+    patched = fake_module.a
+    second = specshim.apply()
+    assert first.changed and not second.changed
+    assert fake_module.a is patched and second.applied == ("a", "b")
+
+
+def test_revert_restores_identity(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b"))
+    before = dict(vars(fake_module))
+    specshim.apply()
+    assert fake_module.a == "patched by a"
+    specshim.revert()
+    assert all(vars(fake_module)[k] is v for k, v in before.items())
+
+
+def test_failed_adapter_rolls_back_the_others_and_is_named(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b", fail=True), fake_adapter("c"))
+    with pytest.raises(specshim.AdapterError, match="adapter 'b' failed to apply"):
+        specshim.apply()
+    assert fake_module.a is original and fake_module.b is original and fake_module.c is original
+    assert specshim.status()["a"].state is specshim.State.FAILED
+
+
+def test_unknown_shape_warns_or_raises_in_strict_mode(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b", shape=True))
+    with pytest.warns(engine.ShapeWarning, match="adapter 'b' expected a function named original"):
+        report = specshim.apply()
+    assert report["b"].state is specshim.State.UNKNOWN_SHAPE and fake_module.a != original
+    specshim.revert()
+    monkeypatch.setenv("SPECSHIM_STRICT", "1")
+    with pytest.raises(specshim.AdapterError, match="expected a function named original, found"):
+        specshim.apply()
+    assert fake_module.a is original
+
+
+def test_disable_env_and_only(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b"), fake_adapter("c"))
+    monkeypatch.setenv("SPECSHIM_DISABLE", "b")
+    report = specshim.apply(only=["a", "b"])
+    assert report.applied == ("a",)
+    assert report["b"].state is specshim.State.DISABLED
+    assert report["c"].state is specshim.State.DISABLED
+    with pytest.raises(ValueError, match=r"unknown adapter name\(s\) \['nope'\]"):
+        specshim.apply(only=["nope"])
+
+
+def test_not_needed_adapter_patches_nothing(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a", probe=lambda: not_needed("already fine")))
+    report = specshim.apply()
+    assert report["a"].state is specshim.State.NOT_NEEDED and fake_module.a is original
+    assert report["a"].reason == "already fine"
+
+
+def test_adapter_waits_for_its_module_and_applies_on_import(monkeypatch, tmp_path: Path) -> None:
+    name = "specshim_fake_later"
+    (tmp_path / f"{name}.py").write_text("def late():\n    return 'original'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    use(monkeypatch, fake_adapter("late", waits=name))
+    try:
+        report = specshim.apply()
+        assert report["late"].state is specshim.State.WAITING
+        import specshim_fake_later  # noqa: F401  (the import fires the hook)
+
+        assert sys.modules[name].late == "patched by late"
+        assert specshim.status()["late"].state is specshim.State.APPLIED
+        specshim.revert()
+        assert sys.modules[name].late() == "original"
+    finally:
+        specshim.revert()
+        sys.modules.pop(name, None)
+
+
+def test_concurrent_apply_patches_once(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a"))
+    reports: list[specshim.Report] = []
+    threads = [threading.Thread(target=lambda: reports.append(specshim.apply())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.changed for r in reports) == 1
+    specshim.revert()
+    assert fake_module.a is original
+
+
+def test_apply_records_the_selection_for_child_processes(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b"))
+    specshim.apply(exclude=["b"])
+    recorded = engine.os.environ[engine.APPLY_ENV]
+    specshim.revert()
+    assert engine.APPLY_ENV not in engine.os.environ
+    monkeypatch.setenv(engine.APPLY_ENV, recorded)
+    report = engine.apply_from_environment()
+    assert report is not None and report.applied == ("a",)

