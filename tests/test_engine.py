@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from fakes import fake_adapter, original, use
 
 import specshim
+from fakes import fake_adapter, original, use
 from specshim import engine
 from specshim.adapters.base import not_needed
 

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import speculators_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specshim
+from conftest import speculators_path
 from specshim.adapters import registry
 from specshim.adapters.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR, WORKER

@@ -3,7 +3,6 @@
 from importlib.metadata import entry_points
 
 from fakes import fake_adapter, original, use
-
 from specshim import engine
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -14,6 +15,52 @@ def _report(args: argparse.Namespace) -> int:
     full = report.build(probe_imports=not args.no_import)
     print(json.dumps(full.to_dict(), indent=2) if args.json else full.to_text())
     return full.exit_code
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError as exc:
+        message = f"--layers takes comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from exc
+
+
+def _extract(args: argparse.Namespace) -> int:
+    from specshim.runner import extract
+
+    summary = extract.extract(
+        args.model,
+        args.data,
+        args.out,
+        layers=args.layers,
+        max_model_len=args.max_model_len,
+        batch_size=args.batch_size,
+        tensor_parallel_size=args.tensor_parallel_size,
+        truncate=args.truncate,
+        skip_bad=args.skip_bad,
+    )
+    print(summary.text())
+    return 0
+
+
+def _vocab(args: argparse.Namespace) -> int:
+    from specshim.runner import vocab
+
+    target = args.target_vocab_size
+    if target is None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(args.model)
+        target = getattr(config, "text_config", config).vocab_size
+    for path in vocab.build(args.data, args.draft_vocab_size, target, args.out or args.data):
+        print(path)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from specshim.runner import pipeline
+
+    return pipeline.run(args.workdir, args.max_model_len)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -27,12 +74,45 @@ def parser() -> argparse.ArgumentParser:
         help="do not import speculators' generator (adapters that wait for it stay waiting)",
     )
     rep.set_defaults(handler=_report)
+
+    ext = commands.add_parser("extract", help="hidden states through speculators, patched")
+    ext.add_argument("--model", required=True, help="verifier model directory or hub id")
+    ext.add_argument("--data", required=True, type=Path, help="JSONL (ids or chats) or dataset")
+    ext.add_argument("--out", required=True, type=Path, help="output directory (resumable)")
+    ext.add_argument(
+        "--layers", type=_layers, default=None, help="speculators layer ids, e.g. 2,16,29"
+    )
+    ext.add_argument("--max-model-len", type=int, default=2048)
+    ext.add_argument("--batch-size", type=int, default=8)
+    ext.add_argument("--tensor-parallel-size", type=int, default=1)
+    ext.add_argument("--truncate", action="store_true", help="truncate over-long samples")
+    ext.add_argument("--skip-bad", action="store_true", help="skip and count bad rows")
+    ext.set_defaults(handler=_extract)
+
+    voc = commands.add_parser("vocab", help="d2t.npy / t2d.npy from token_freq.pt")
+    voc.add_argument("--data", required=True, type=Path, help="an extraction directory")
+    voc.add_argument("--draft-vocab-size", required=True, type=int)
+    voc.add_argument("--target-vocab-size", type=int, default=None)
+    voc.add_argument("--model", help="read the target vocabulary size from this model")
+    voc.add_argument("--out", type=Path, default=None, help="default: the --data directory")
+    voc.set_defaults(handler=_vocab)
+
+    run = commands.add_parser("run", help="the whole pipeline on a built-in tiny model")
+    run.add_argument("--workdir", type=Path, default=Path("runs/default"))
+    run.add_argument("--max-model-len", type=int, default=256)
+    run.set_defaults(handler=_run)
     return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return args.handler(args)
+    if args.command == "vocab" and args.target_vocab_size is None and args.model is None:
+        parser().error("vocab needs --target-vocab-size or --model")
+    try:
+        return args.handler(args)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        print(f"specshim {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,13 +6,16 @@ adapter selection): vLLM's workers and patches must start from a clean slate eac
     python driver.py --model DIR --out FILE [--exclude a,b] [--no-shim] [--batches 1,11,40]
 
 Writes FILE (torch.save) with the results of each batching, or FILE.error.json with the
-exception when the generator fails, and exits 3 in that case.
+exception when the generator fails, and exits 3 in that case. It leaves with ``os._exit``:
+a generator that failed half-way has no shutdown path, and its vLLM workers (which exit when
+their parent dies) would otherwise keep the interpreter from exiting.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import traceback
@@ -85,4 +88,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: build the real test bed if it is missing, then lint and run every test.
+# End-to-end tests need the environments; SPECSHIM_REQUIRE_E2E=1 turns a missing one into a
+# failure instead of a skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup_env.sh .venv 0.32.0
+scripts/setup_env.sh .venv-0.28 0.28.0
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+export SPECSHIM_REQUIRE_E2E=1
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,1 @@
+"""The thin runner: extraction, vocabulary mapping and training through the patched speculators."""

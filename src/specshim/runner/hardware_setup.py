@@ -1,0 +1,25 @@
+"""Settings each accelerator needs before vLLM starts, chosen once and printed."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from specshim import hardware
+from specshim.testbed import cpu
+
+
+def prepare_for_vllm() -> hardware.Accelerator:
+    accelerator = hardware.detect()
+    if accelerator.kind == "cpu":
+        chosen = cpu.configure()
+    else:
+        chosen = {}
+        if "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
+            # CUDA cannot be re-initialised in a forked child.
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = chosen["VLLM_WORKER_MULTIPROC_METHOD"] = (
+                "spawn"
+            )
+    settings = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "none"
+    print(f"[specshim] {accelerator.describe()}; settings chosen: {settings}", file=sys.stderr)
+    return accelerator

@@ -1,0 +1,31 @@
+"""``specshim run``: the whole pipeline on a built-in default, from a clean directory.
+
+Builds a tiny Llama model and a small chat dataset locally, extracts hidden states through
+the real vLLM and speculators (patched by specshim), and builds the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def run(workdir: Path, max_model_len: int = 256) -> int:
+    from specshim.runner import extract, vocab
+    from specshim.testbed import data, tiny_model
+
+    model = workdir / "model"
+    if not (model / "config.json").exists():
+        tiny_model.build(model, "llama")
+    dataset = data.write(workdir / "data.jsonl")
+    print(f"[specshim run] model {model}, data {dataset}", file=sys.stderr)
+    summary = extract.extract(
+        str(model), dataset, workdir / "hidden_states", max_model_len=max_model_len
+    )
+    print(summary.text())
+    from transformers import AutoConfig
+
+    target = AutoConfig.from_pretrained(model).vocab_size
+    d2t, t2d = vocab.build(workdir / "hidden_states", min(128, target), target, workdir)
+    print(f"vocabulary: {d2t}, {t2d}")
+    return 0

@@ -1,0 +1,44 @@
+"""A one-line progress display: samples, tokens per second and ETA, then a summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+
+@dataclass
+class Progress:
+    total: int
+    label: str = "extract"
+    stream: TextIO = sys.stderr
+    done: int = 0
+    tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def update(self, samples: int, tokens: int) -> None:
+        self.done += samples
+        self.tokens += tokens
+        self.stream.write(f"\r[{self.label}] {self.line()}")
+        self.stream.flush()
+
+    @property
+    def elapsed(self) -> float:
+        return max(time.perf_counter() - self.started, 1e-9)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.elapsed
+
+    def line(self) -> str:
+        rate = self.done / self.elapsed
+        eta = (self.total - self.done) / rate if rate else float("inf")
+        eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
+        return (
+            f"{self.done}/{self.total} samples  {self.tokens_per_second:,.0f} tok/s  ETA {eta_text}"
+        )
+
+    def finish(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()

@@ -1,0 +1,104 @@
+"""Run the driver in a fresh process and compute the transformers reference for its output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conftest import ROOT, speculators_path, vllm_python
+
+DRIVER = Path(__file__).with_name("driver.py")
+OUT = Path(os.environ.get("SPECSHIM_E2E_OUT", ROOT / "build" / "e2e"))
+#: bf16 (vLLM's CPU dtype here) against float32: per-token relative error of about 1-2 %.
+MAX_RELATIVE_ERROR = 0.05
+MIN_COSINE = 0.999
+
+
+@functools.cache
+def run(
+    vllm: str,
+    speculators: str,
+    model: Path,
+    exclude: tuple[str, ...] = (),
+    shim: bool = True,
+    batches: str = "1,11,40",
+    tp: int = 1,
+) -> dict[str, Any]:
+    """The driver's results, or ``{"error": {...}}`` when the generator raised."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = f"{vllm}-{speculators}-{model.name}-{'-'.join(exclude) or 'all'}-{shim}-{batches}-{tp}"
+    out = OUT / f"{name.replace(',', '_')}.pt"
+    for stale in (out, Path(f"{out}.error.json")):
+        stale.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(speculators_path(speculators))}
+    env.pop("SPECSHIM_APPLY", None)
+    cmd = [
+        str(vllm_python(vllm)),
+        str(DRIVER),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--batches",
+        batches,
+        "--tp",
+        str(tp),
+    ]
+    if exclude:
+        cmd += ["--exclude", ",".join(exclude)]
+    if not shim:
+        cmd.append("--no-shim")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    error = Path(f"{out}.error.json")
+    if error.exists():
+        return {"error": json.loads(error.read_text())}
+    if proc.returncode != 0 or not out.exists():
+        raise AssertionError(f"driver died (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return torch.load(out, weights_only=False)
+
+
+def reference(model: Path, input_ids: torch.Tensor, layer_ids: list[int]) -> list[torch.Tensor]:
+    """Output of decoder layer k (before the final norm) in float32 transformers, per layer id.
+
+    This is speculators' convention: layer id k is captured after layer k, which is
+    transformers' ``hidden_states[k + 1]`` for every layer but the last (whose
+    ``hidden_states`` entry is taken after the final norm), so hooks read the layers directly.
+    """
+    hf = _model(model)
+    captured: dict[int, torch.Tensor] = {}
+
+    def keep(k: int) -> Any:
+        def hook(_module: Any, _inputs: Any, out: Any) -> None:
+            captured[k] = out[0] if isinstance(out, tuple) else out
+
+        return hook
+
+    hooks = [hf.model.layers[k].register_forward_hook(keep(k)) for k in layer_ids]
+    try:
+        with torch.no_grad():
+            hf(input_ids[None])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [captured[k][0] for k in layer_ids]
+
+
+@functools.cache
+def _model(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def errors(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """(worst per-token relative error, worst per-token cosine) of ``got`` against ``want``."""
+    got = got.float()
+    relative = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+    cosine = torch.nn.functional.cosine_similarity(got, want, dim=-1).min().item()
+    return relative, cosine

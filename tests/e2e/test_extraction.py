@@ -1,0 +1,93 @@
+"""Real extraction: speculators' generator on real vLLM (CPU), with and without specshim.
+
+Every case runs the generator in a fresh process (``driver.py``) on 40 prompts of 4 to 96
+tokens plus one longer than ``max_model_len``, one request at a time, in batches of 11 and in
+one batch of 40, and compares what comes back with the transformers forward pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import SPECULATORS, VLLM_ENVS
+from e2e import harness
+from e2e.driver import MAX_MODEL_LEN, PROMPTS
+
+pytestmark = pytest.mark.vllm
+PAIRS = [(v, s) for v in VLLM_ENVS for s in SPECULATORS]
+BATCHES = ("batch_1", "batch_11", "batch_40")
+
+
+@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
+def test_unpatched_generator_fails_to_import(vllm, speculators, tiny_models) -> None:
+    result = harness.run(vllm, speculators, tiny_models["llama"], shim=False, batches="40")
+    error = result["error"]
+    assert error["type"] == "PydanticUndefinedAnnotation"
+    assert "name 'torch' is not defined" in error["message"]
+
+
+@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
+def test_patched_samples_count_order_shape_dtype(vllm, speculators, tiny_models) -> None:
+    result = harness.run(vllm, speculators, tiny_models["llama"])
+    assert "error" not in result, result.get("error", {}).get("traceback")
+    prompts, layer_ids = result["prompts"], result["layer_ids"]
+    assert layer_ids == [2, 4, 5, 7]  # speculators' default for 8 layers: [2, n//2, n-3, n-1]
+    for key in BATCHES:
+        samples = result[key]
+        assert len(samples) == PROMPTS, key
+        for prompt, sample in zip(prompts, samples, strict=True):
+            ids = sample["input_ids"]
+            assert ids.dtype == torch.long
+            assert ids.tolist() == prompt[: MAX_MODEL_LEN - 1], f"{key}: sample out of order"
+            assert len(sample["hidden_states"]) == len(layer_ids)
+            for h in sample["hidden_states"]:
+                assert h.shape == (len(ids), 128) and h.dtype == torch.bfloat16
+                assert torch.isfinite(h).all()
+
+
+@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
+def test_batching_does_not_change_any_sample(vllm, speculators, tiny_models) -> None:
+    result = harness.run(vllm, speculators, tiny_models["llama"])
+    assert "error" not in result
+    for one, eleven, forty in zip(*(result[k] for k in BATCHES), strict=True):
+        layers = (one["hidden_states"], eleven["hidden_states"], forty["hidden_states"])
+        for a, b, c in zip(*layers, strict=True):
+            # Same kernels, different batch composition: bf16 rounding may differ slightly.
+            torch.testing.assert_close(b, a, atol=0.05, rtol=0.02)
+            torch.testing.assert_close(c, a, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
+def test_hidden_states_match_transformers(vllm, speculators, tiny_models) -> None:
+    model = tiny_models["llama"]
+    result = harness.run(vllm, speculators, model)
+    assert "error" not in result
+    for sample in result["batch_40"]:
+        want = harness.reference(model, sample["input_ids"], result["layer_ids"])
+        for layer, got, ref in zip(result["layer_ids"], sample["hidden_states"], want, strict=True):
+            relative, cosine = harness.errors(got, ref)
+            assert relative < harness.MAX_RELATIVE_ERROR, f"layer {layer}: {relative:.3f}"
+            assert cosine > harness.MIN_COSINE, f"layer {layer}: cosine {cosine:.5f}"
+
+
+def test_over_long_prompt_is_truncated_with_its_states(tiny_models) -> None:
+    """speculators truncates prompts to max_model_len - 1 (documented in README); the ids and
+    every layer's states are truncated together, never a shorter tensor than its ids."""
+    result = harness.run("0.32.0", "0.4.0.1", tiny_models["llama"])
+    longest = result["batch_40"][-1]
+    assert len(result["prompts"][-1]) > MAX_MODEL_LEN
+    assert len(longest["input_ids"]) == MAX_MODEL_LEN - 1
+    assert all(h.shape[0] == MAX_MODEL_LEN - 1 for h in longest["hidden_states"])
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_second_architecture_qwen3_matches_transformers(speculators, tiny_models) -> None:
+    model = tiny_models["qwen3"]
+    result = harness.run("0.32.0", speculators, model, batches="40")
+    assert "error" not in result, result.get("error", {}).get("traceback")
+    for sample in result["batch_40"]:
+        want = harness.reference(model, sample["input_ids"], result["layer_ids"])
+        for got, ref in zip(sample["hidden_states"], want, strict=True):
+            relative, cosine = harness.errors(got, ref)
+            assert relative < harness.MAX_RELATIVE_ERROR and cosine > harness.MIN_COSINE
