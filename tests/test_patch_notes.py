@@ -1,0 +1,34 @@
+"""Every adapter has its note in patches/, and the notes match the code."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from specshim.adapters import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_adapter_has_a_note() -> None:
+    missing = [
+        a.name for a in registry.ADAPTERS if not (ROOT / "patches" / f"{a.name}.md").exists()
+    ]
+    assert missing == []
+
+
+def test_notes_are_up_to_date() -> None:
+    check = [sys.executable, str(ROOT / "scripts" / "gen_patch_notes.py"), "--check"]
+    result = subprocess.run(check, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_adapter_declares_its_contract() -> None:
+    for adapter in registry.ADAPTERS:
+        assert adapter.targets and adapter.waits_for, adapter.name
+        assert adapter.why and adapter.upstream and adapter.remove_when, adapter.name
+        assert all(r in registry.names() for r in adapter.requires), adapter.name
+        # requirements apply first
+        assert all(
+            registry.names().index(r) < registry.names().index(adapter.name)
+            for r in adapter.requires
+        ), adapter.name
