@@ -44,6 +44,7 @@ def main() -> int:
     parser.add_argument("--no-shim", action="store_true")
     parser.add_argument("--batches", default="1,11,40")
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=0, help="0: mixed lengths")
     args = parser.parse_args()
     cpu.configure()
     applied: list[str] = []
@@ -62,8 +63,15 @@ def main() -> int:
         generator = VllmHiddenStatesGenerator(
             args.model, max_model_len=MAX_MODEL_LEN, tensor_parallel_size=args.tp
         )
-        data = prompts(len(generator.tokenizer))
-        results: dict[str, object] = {"prompts": data, "layer_ids": generator.layer_ids}
+        # The capture forward is installed before the KV cache, so warm-up passes through it:
+        # states captured before any request mean the model was warmed up.
+        captured = generator.executor.collective_rpc("_get_captured_states")[0]
+        data = prompts(len(generator.tokenizer), args.prompt_len)
+        results: dict[str, object] = {
+            "prompts": data,
+            "layer_ids": generator.layer_ids,
+            "warmed_up": captured is not None,
+        }
         for size in (int(b) for b in args.batches.split(",")):
             batch_results = []
             for start in range(0, len(data), size):

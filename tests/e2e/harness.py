@@ -29,10 +29,13 @@ def run(
     shim: bool = True,
     batches: str = "1,11,40",
     tp: int = 1,
+    prompt_len: int = 0,
 ) -> dict[str, Any]:
     """The driver's results, or ``{"error": {...}}`` when the generator raised."""
     OUT.mkdir(parents=True, exist_ok=True)
-    name = f"{vllm}-{speculators}-{model.name}-{'-'.join(exclude) or 'all'}-{shim}-{batches}-{tp}"
+    name = "-".join(
+        map(str, (vllm, speculators, model.name, *exclude, shim, batches, tp, prompt_len))
+    )
     out = OUT / f"{name.replace(',', '_')}.pt"
     for stale in (out, Path(f"{out}.error.json")):
         stale.unlink(missing_ok=True)
@@ -49,6 +52,8 @@ def run(
         batches,
         "--tp",
         str(tp),
+        "--prompt-len",
+        str(prompt_len),
     ]
     if exclude:
         cmd += ["--exclude", ",".join(exclude)]

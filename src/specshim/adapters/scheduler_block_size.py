@@ -1,13 +1,15 @@
 """Pass ``Scheduler`` the block sizes it now requires, computed as the engine core does.
 
 vLLM 0.11.1 made ``block_size`` a required argument (speculators 0.3.0 does not pass it:
-``TypeError``); 0.20 added ``hash_block_size``, which the engine takes, with the scheduler
-block size, from ``resolve_kv_cache_block_sizes``. Everything is passed by keyword, because
+``TypeError``); 0.20 added ``hash_block_size`` (optional), which the engine takes, with the
+scheduler block size, from ``resolve_kv_cache_block_sizes``. When a required size is missing
+the wrapper passes both, as the engine would; everything by keyword, because
 ``hash_block_size`` was inserted before parameters that used to be positional.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from specshim.adapters.base import (
@@ -27,21 +29,23 @@ from specshim.adapters.targets import GENERATOR
 KV_UTILS = "vllm.v1.core.kv_cache_utils"
 
 
-def _missing_arguments() -> list[str]:
+def _missing_required() -> list[str]:
     params = parameters(vars(module(GENERATOR))["Scheduler"].__init__)
     init = generator_class().__init__
     return [
         name
         for name in ("block_size", "hash_block_size")
-        if name in params and not calls_with_keyword(init, "Scheduler", name)
+        if name in params
+        and params[name].default is inspect.Parameter.empty
+        and not calls_with_keyword(init, "Scheduler", name)
     ]
 
 
 def probe() -> Probe:
-    missing = _missing_arguments()
+    missing = _missing_required()
     if missing:
-        return needed(f"Scheduler takes {', '.join(missing)}, which the generator does not pass")
-    return not_needed("the generator passes every block size the Scheduler takes")
+        return needed(f"Scheduler requires {', '.join(missing)}, which the generator does not pass")
+    return not_needed("the generator passes every block size the Scheduler requires")
 
 
 def block_sizes(kv_cache_config: Any, vllm_config: Any) -> tuple[int, int | None]:

