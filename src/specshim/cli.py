@@ -57,6 +57,26 @@ def _vocab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from specshim.runner import train
+
+    result = train.train(
+        args.data,
+        args.verifier,
+        args.out,
+        vocab=args.vocab,
+        epochs=args.epochs,
+        lr=args.lr,
+        max_len=args.max_len,
+        num_layers=args.num_layers,
+        ttt_steps=args.ttt_steps,
+        device=args.device,
+        resume=args.resume,
+    )
+    print(result.text())
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from specshim.runner import pipeline
 
@@ -96,6 +116,22 @@ def parser() -> argparse.ArgumentParser:
     voc.add_argument("--model", help="read the target vocabulary size from this model")
     voc.add_argument("--out", type=Path, default=None, help="default: the --data directory")
     voc.set_defaults(handler=_vocab)
+
+    trn = commands.add_parser("train", help="EAGLE-3 draft training through speculators")
+    trn.add_argument("--data", required=True, type=Path, help="an extraction directory")
+    trn.add_argument("--verifier", required=True, help="the verifier model the data came from")
+    trn.add_argument("--out", required=True, type=Path)
+    trn.add_argument(
+        "--vocab", type=Path, default=None, help="d2t.npy/t2d.npy dir (default --data)"
+    )
+    trn.add_argument("--epochs", type=int, default=3)
+    trn.add_argument("--lr", type=float, default=1e-3)
+    trn.add_argument("--max-len", type=int, default=1024, help="tokens packed into one step")
+    trn.add_argument("--num-layers", type=int, default=1)
+    trn.add_argument("--ttt-steps", type=int, default=3)
+    trn.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    trn.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    trn.set_defaults(handler=_train)
 
     run = commands.add_parser("run", help="the whole pipeline on a built-in tiny model")
     run.add_argument("--workdir", type=Path, default=Path("runs/default"))

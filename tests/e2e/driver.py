@@ -26,14 +26,19 @@ PROMPTS = 40
 MAX_MODEL_LEN = 256
 
 
-def prompts(vocab_size: int, count: int = PROMPTS, seed: int = 0) -> list[list[int]]:
-    """Deterministic prompts of varied length; the last one is longer than max_model_len."""
+def prompts(
+    vocab_size: int, length: int = 0, count: int = PROMPTS, seed: int = 0
+) -> list[list[int]]:
+    """``count`` deterministic prompts: of ``length`` tokens each, or (``length=0``) of 4 to 96
+    tokens with the last one longer than max_model_len."""
     rng = random.Random(seed)
-    out = [
-        [rng.randrange(8, vocab_size) for _ in range(rng.randint(4, 96))] for _ in range(count - 1)
-    ]
-    out.append([rng.randrange(8, vocab_size) for _ in range(MAX_MODEL_LEN + 20)])
-    return out
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(8, vocab_size) for _ in range(n)]
+
+    if length:
+        return [prompt(length) for _ in range(count)]
+    return [prompt(rng.randint(4, 96)) for _ in range(count - 1)] + [prompt(MAX_MODEL_LEN + 20)]
 
 
 def main() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from specshim.adapters import (
     attention_block_size,
+    cpu_flex_attention,
     device_memory_query,
     extraction_executor,
     kv_cache_config,
@@ -21,6 +22,7 @@ from specshim.adapters import (
     sample_tokens_split,
     scheduler_block_size,
     scheduler_config_encoder_decoder,
+    speculators_config_transformers5,
     transformers_annotations,
     warmup_split,
     worker_embed_input_ids,
@@ -29,6 +31,8 @@ from specshim.adapters.base import Adapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     transformers_annotations.ADAPTER,
+    speculators_config_transformers5.ADAPTER,
+    cpu_flex_attention.ADAPTER,
     # speculators' generator module (the consumer)
     attention_block_size.ADAPTER,
     prefix_caching_off.ADAPTER,

@@ -14,7 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_needed, wrap
+from specshim.adapters.base import (
+    Adapter,
+    Patch,
+    Probe,
+    generator_class,
+    module,
+    needed,
+    not_needed,
+    source,
+    wrap,
+)
 from specshim.adapters.extraction_executor import NAME as SEAM
 from specshim.adapters.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR
@@ -26,6 +36,10 @@ def probe() -> Probe:
     executor = vars(module(GENERATOR))["MultiprocExecutor"]
     if not hasattr(executor, "sample_tokens"):
         return not_needed("execute_model still samples (vLLM before 0.11.1)")
+    if "sample_tokens" in source(generator_class().generate):
+        # 0.4 passes execute_model's result, which is None on the extraction path: the
+        # grammar output it stands for is None too.
+        return not_needed("the generator calls sample_tokens after execute_model")
     return needed("execute_model returns None and sample_tokens(grammar_output) must follow")
 
 

