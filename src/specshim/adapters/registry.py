@@ -24,6 +24,7 @@ from specshim.adapters import (
     scheduler_config_encoder_decoder,
     speculators_config_transformers5,
     transformers_annotations,
+    transformers_attn_mask_utils,
     warmup_split,
     worker_embed_input_ids,
 )
@@ -31,6 +32,7 @@ from specshim.adapters.base import Adapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     transformers_annotations.ADAPTER,
+    transformers_attn_mask_utils.ADAPTER,
     speculators_config_transformers5.ADAPTER,
     cpu_flex_attention.ADAPTER,
     # speculators' generator module (the consumer)

@@ -34,6 +34,14 @@ class TrainResult:
     steps: int = 0
     seconds: float = 0.0
     checkpoint: Path | None = None
+    step_seconds: list[float] = field(default_factory=list)
+    tokens_per_step: int = 0
+
+    @property
+    def median_step_seconds(self) -> float:
+        """The median step time after the first (which pays for compilation and warm-up)."""
+        later = sorted(self.step_seconds[1:]) or self.step_seconds
+        return later[len(later) // 2] if later else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +49,8 @@ class TrainResult:
             "steps": self.steps,
             "seconds": self.seconds,
             "steps_per_second": self.steps / self.seconds if self.seconds else 0.0,
+            "median_step_seconds": self.median_step_seconds,
+            "tokens_per_step": self.tokens_per_step,
             "checkpoint": str(self.checkpoint),
         }
 
@@ -50,18 +60,20 @@ class TrainResult:
         first, last = self.losses[0], sum(self.losses[-5:]) / len(self.losses[-5:])
         return (
             f"steps: {self.steps} in {self.seconds:.1f} s "
-            f"({self.steps / self.seconds:.2f} steps/s)\n"
+            f"({self.steps / self.seconds:.2f} steps/s; median step "
+            f"{self.median_step_seconds * 1000:.1f} ms)\n"
             f"loss: first {first:.4f}, mean of last 5 {last:.4f}\n"
             f"checkpoint: {self.checkpoint}"
         )
 
 
 class _LossCollector(logging.Handler):
-    """Reads the per-step metrics speculators logs (``{"train": {"loss": ...}}``)."""
+    """Reads the per-step metrics speculators logs (``{"train": {"loss": ...}}``), and when."""
 
     def __init__(self) -> None:
         super().__init__()
         self.losses: list[float] = []
+        self.times: list[float] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.msg
@@ -69,6 +81,7 @@ class _LossCollector(logging.Handler):
             loss = message["train"].get("loss")
             if loss is not None:
                 self.losses.append(float(loss))
+                self.times.append(record.created)
 
 
 def draft_layer_config(verifier: str, num_layers: int) -> Any:
@@ -156,6 +169,7 @@ def train(
     device: str | None = None,
     resume: bool = False,
     seed: int = 0,
+    dtype: str = "float32",
 ) -> TrainResult:
     import time
 
@@ -178,7 +192,10 @@ def train(
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    model = build_model(verifier, d2t, t2d, num_layers, ttt_steps)
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"--dtype must name a torch dtype (float32, bfloat16), got {dtype!r}")
+    model = build_model(verifier, d2t, t2d, num_layers, ttt_steps).to(torch_dtype)
 
     from speculators.train.trainer import Trainer, TrainerConfig
 
@@ -202,7 +219,7 @@ def train(
     metric_logger.setLevel(logging.INFO)
     started = time.perf_counter()
     try:
-        trainer = Trainer(model, config, _loader(files, max_len, seed), None)
+        trainer = Trainer(model, config, _loader(files, max_len, seed, torch_dtype), None)
         trainer.run_training()
     finally:
         metric_logger.removeHandler(collector)
@@ -211,6 +228,8 @@ def train(
         steps=len(collector.losses),
         seconds=time.perf_counter() - started,
         checkpoint=out / "checkpoints",
+        step_seconds=[b - a for a, b in zip(collector.times, collector.times[1:], strict=False)],
+        tokens_per_step=max_len,
     )
     files.save_json(out / "train_log.json", result.to_dict())
     return result
