@@ -47,3 +47,21 @@ def test_bad_rows_are_named(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="verdict must be one of"):
         matrix.load(path)
+
+
+def test_compat_doc_is_generated_from_the_matrix() -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gen_compat_doc.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_adapter_named_in_the_matrix_exists() -> None:
+    from specshim.adapters import registry
+
+    named = {a for row in matrix.load() for a in row.adapters}
+    assert named <= set(registry.names()), named - set(registry.names())

@@ -123,3 +123,15 @@ def test_model_is_warmed_up_before_the_first_request(speculators, tiny_models) -
     once the KV cache exists, so there is nothing to observe there)."""
     result = harness.run("0.32.0", speculators, tiny_models["llama"])
     assert result["warmed_up"] is True
+
+
+@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
+def test_matrix_row_names_the_adapters_that_applied(vllm, speculators, tiny_models) -> None:
+    from specshim import matrix
+
+    (row,) = [r for r in matrix.load() if r.vllm == vllm and r.speculators == speculators]
+    result = harness.run(vllm, speculators, tiny_models["llama"])
+    # worker_embed_input_ids applies inside vLLM's worker processes, not in the driver
+    worker = {"worker_embed_input_ids"} if speculators == "0.3.0" else set()
+    assert set(row.adapters) == set(result["applied"]) | worker
+    assert row.verdict == "pass"

@@ -1,0 +1,51 @@
+"""Write docs/compat.md from compat_matrix.yaml (or --check that it is up to date)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specshim import matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "compat.md"
+
+
+def render(rows: list[matrix.Row]) -> str:
+    lines = [
+        "# Compatibility matrix",
+        "",
+        "Every row was installed and run for real; `level` says how far it got. Generated from",
+        "`compat_matrix.yaml` by `scripts/gen_compat_doc.py`: edit the YAML, not this file.",
+        "",
+        "| vLLM | speculators | transformers | torch | verdict | level | measured | adapters |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        adapters = ", ".join(r.adapters) or "none"
+        lines.append(
+            f"| {r.distribution} {r.vllm} | {r.speculators} | {r.transformers or '?'} | "
+            f"{r.torch or '?'} | {r.verdict} | {r.level} | {r.measured} | {adapters} |"
+        )
+        if r.error:
+            lines.append(f"|  | first error: `{r.error}` | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    text = render(matrix.load(ROOT / "compat_matrix.yaml"))
+    if args.check:
+        if not DOC.exists() or DOC.read_text() != text:
+            print(f"{DOC} is out of date: run scripts/gen_compat_doc.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
