@@ -27,7 +27,7 @@ WORKER = r"""
 import json, sys, time
 from specshim.testbed import cpu
 cpu.configure()
-mode, model, prompts_path = sys.argv[1:4]
+mode, model, prompts_path, max_len = sys.argv[1:4] + [int(sys.argv[4])]
 prompts = json.load(open(prompts_path))
 tokens = sum(len(p) for p in prompts)
 if __name__ == "__main__":
@@ -35,13 +35,13 @@ if __name__ == "__main__":
         import specshim
         specshim.apply()
         from speculators.data_generation import vllm_hidden_states_generator as gen
-        g = gen.VllmHiddenStatesGenerator(model, max_model_len=%(len)d)
+        g = gen.VllmHiddenStatesGenerator(model, max_model_len=max_len)
         g.generate(prompts[:2])
         t = time.perf_counter(); g.generate(prompts); elapsed = time.perf_counter() - t
     elif mode == "vllm_prefill":
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
-        llm = LLM(model, max_model_len=%(len)d, enforce_eager=True, block_size=32,
+        llm = LLM(model, max_model_len=max_len, enforce_eager=True, block_size=32,
                   enable_prefix_caching=False, max_num_seqs=32)
         params = SamplingParams(max_tokens=1, temperature=0.0)
         batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
@@ -59,7 +59,7 @@ if __name__ == "__main__":
                 m(torch.tensor([p]), output_hidden_states=True)
         elapsed = time.perf_counter() - t
     print("RESULT", json.dumps({"tokens": tokens, "seconds": elapsed}))
-""" % {"len": MAX_MODEL_LEN}
+"""
 
 MODES = ("vllm_prefill", "specshim", "transformers")
 
@@ -74,7 +74,7 @@ def prompts(mix: str, vocab: int = 384, seed: int = 0) -> list[list[int]]:
 
 def run(mode: str, model: str, prompt_file: Path, script: Path) -> float:
     out = subprocess.run(
-        [sys.executable, str(script), mode, model, str(prompt_file)],
+        [sys.executable, str(script), mode, model, str(prompt_file), str(MAX_MODEL_LEN)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
