@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:.spec/0.4.0.1:src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
 for dtype in bfloat16 float32; do
-  python3 -m specshim.cli train --data .gpu/hidden --verifier .gpu/model --out /tmp/draft-$dtype \
+  python3 -m specshim.cli train --data .gpu/hidden --verifier .gpu/verifier --out /tmp/draft-$dtype \
     --epochs "${EPOCHS:-20}" --max-len 2048 --dtype $dtype --device cuda
   cp /tmp/draft-$dtype/train_log.json "$OUT/train_log_$dtype.json"
 done

@@ -89,3 +89,6 @@ def test_run_builds_everything_from_a_clean_directory(tmp_path) -> None:
     d2t = __import__("numpy").load(tmp_path / "w" / "d2t.npy")
     t2d = __import__("numpy").load(tmp_path / "w" / "t2d.npy")
     assert d2t.shape == (128,) and t2d.sum() == 128
+    log = json.loads((tmp_path / "w" / "draft" / "train_log.json").read_text())
+    losses = log["losses"]
+    assert len(losses) >= 6 and sum(losses[-3:]) / 3 < 0.5 * losses[0], losses

@@ -73,6 +73,45 @@ def test_resume_continues_from_the_last_checkpoint(extracted, tmp_path) -> None:
     assert sorted(p.name for p in (tmp_path / "d" / "checkpoints").iterdir()) == ["0", "1"]
 
 
+def test_resume_after_a_kill_loses_and_repeats_no_epoch(extracted, tmp_path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "d"
+    env = {**os.environ, "PYTHONPATH": str(speculators_path("0.4.0.1"))}
+    env.pop("SPECSHIM_APPLY", None)
+    verifier = json.loads((extracted / "data_config.json").read_text())["model"][
+        "target_model_path"
+    ]
+    cmd = [str(vllm_python("0.32.0")), "-m", "specshim.cli", "train", "--data",
+           str(extracted), "--verifier", verifier, "--out", str(out), "--max-len", "512",
+           "--epochs", "12"]  # fmt: skip
+    first = subprocess.Popen(cmd, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 600
+    while not (out / "checkpoints" / "1").exists():
+        assert first.poll() is None, "training ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    done = {p.name for p in (out / "checkpoints").iterdir() if p.is_dir()}
+    assert "11" not in done, "the kill came too late to test resumption"
+    second = subprocess.run(
+        [*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    epochs = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    assert epochs == list(range(12))
+    resumed_steps = json.loads((out / "train_log.json").read_text())["steps"]
+    one = train("0.4.0.1", extracted, tmp_path / "one", "--epochs", "1")
+    assert one.returncode == 0, one.stderr[-3000:]
+    steps_per_epoch = json.loads((tmp_path / "one" / "train_log.json").read_text())["steps"]
+    last_done = max(int(e) for e in done if e.isdigit())
+    # the second run trained exactly the epochs after the last checkpoint: none lost, none twice
+    assert resumed_steps == steps_per_epoch * (11 - last_done)
+
+
 @pytest.mark.parametrize(
     ("adapter", "error"),
     [

@@ -52,6 +52,7 @@ def test_chat_masks_exactly_the_assistant_tokens(tmp_path, tokenizer) -> None:
         ({"input_ids": [1, 99999]}, "line 2: token ids [99999] are outside the vocabulary"),
         ({"input_ids": [1, 2], "loss_mask": [1]}, "line 2: 'loss_mask' has 1 entries for 2"),
         ({"messages": [{"role": "user"}]}, "line 2: every turn needs 'role' and 'content'"),
+        ({"messages": []}, "line 2: 'messages' must be a non-empty list"),
     ],
 )
 def test_bad_row_is_named_by_line(tmp_path, tokenizer, row, problem) -> None:

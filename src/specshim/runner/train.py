@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import specshim
+from specshim.runner import files
 
 #: What speculators' training reads (speculators/train/data.py, standardize_data_v1).
 AUX_LAYERS = 3
@@ -144,12 +145,12 @@ def build_model(verifier: str, d2t: Any, t2d: Any, num_layers: int, ttt_steps: i
     return Eagle3DraftModel(config=config, t2d=t2d, d2t=d2t)
 
 
-def _loader(files: list[str], max_len: int, seed: int) -> Any:
+def _loader(files: list[str], max_len: int, seed: int, dtype: Any) -> Any:
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from torch.utils.data import DataLoader
 
-    dataset = Eagle3SampleFileDataset(max_len=max_len, file_list=files)
+    dataset = Eagle3SampleFileDataset(max_len=max_len, file_list=files, hidden_states_dtype=dtype)
     sampler = MultipackDistributedBatchSamplerV2(
         batch_max_length=max_len, lengths=dataset.approx_lengths, num_replicas=1, rank=0, seed=seed
     )
@@ -177,13 +178,13 @@ def train(
     import torch
 
     specshim.apply()
-    files = sorted(str(p) for p in data.glob("data_*.pt"))
-    if not files:
+    data_files = sorted(str(p) for p in data.glob("data_*.pt"))
+    if not data_files:
         raise FileNotFoundError(f"no data_*.pt in {data}: run `specshim extract` first")
-    first = torch.load(files[0], weights_only=True)
+    first = torch.load(data_files[0], weights_only=True)
     if len(first["hidden_states"]) != AUX_LAYERS + 1:
         raise ValueError(
-            f"{files[0]} holds {len(first['hidden_states'])} layers; EAGLE-3 training reads "
+            f"{data_files[0]} holds {len(first['hidden_states'])} layers; EAGLE-3 training reads "
             f"{AUX_LAYERS} auxiliary layers plus the last one ({AUX_LAYERS + 1} in all)"
         )
     vocab = vocab or data
@@ -219,7 +220,7 @@ def train(
     metric_logger.setLevel(logging.INFO)
     started = time.perf_counter()
     try:
-        trainer = Trainer(model, config, _loader(files, max_len, seed, torch_dtype), None)
+        trainer = Trainer(model, config, _loader(data_files, max_len, seed, torch_dtype), None)
         trainer.run_training()
     finally:
         metric_logger.removeHandler(collector)

@@ -26,6 +26,9 @@ def build(
             f"--draft-vocab-size must be in [1, {target_vocab_size}] (the target vocabulary), "
             f"got {draft_vocab_size}"
         )
+    import specshim
+
+    specshim.apply()  # speculators' import needs it on transformers 5
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     freq = torch.load(freq_path, weights_only=True)
