@@ -50,6 +50,7 @@ def main() -> int:
     parser.add_argument("--batches", default="1,11,40")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=0, help="0: mixed lengths")
+    parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     args = parser.parse_args()
     cpu.configure()
     applied: list[str] = []
@@ -66,17 +67,10 @@ def main() -> int:
         if not args.no_shim:
             applied = list(specshim.status().applied)
         generator = VllmHiddenStatesGenerator(
-            args.model, max_model_len=MAX_MODEL_LEN, tensor_parallel_size=args.tp
+            args.model, max_model_len=args.max_model_len, tensor_parallel_size=args.tp
         )
-        # The capture forward is installed before the KV cache, so warm-up passes through it:
-        # states captured before any request mean the model was warmed up.
-        captured = generator.executor.collective_rpc("_get_captured_states")[0]
         data = prompts(len(generator.tokenizer), args.prompt_len)
-        results: dict[str, object] = {
-            "prompts": data,
-            "layer_ids": generator.layer_ids,
-            "warmed_up": captured is not None,
-        }
+        results: dict[str, object] = {"prompts": data, "layer_ids": generator.layer_ids}
         for size in (int(b) for b in args.batches.split(",")):
             batch_results = []
             for start in range(0, len(data), size):

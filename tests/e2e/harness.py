@@ -30,11 +30,15 @@ def run(
     batches: str = "1,11,40",
     tp: int = 1,
     prompt_len: int = 0,
+    max_model_len: int = 256,
 ) -> dict[str, Any]:
     """The driver's results, or ``{"error": {...}}`` when the generator raised."""
     OUT.mkdir(parents=True, exist_ok=True)
     name = "-".join(
-        map(str, (vllm, speculators, model.name, *exclude, shim, batches, tp, prompt_len))
+        map(
+            str,
+            (vllm, speculators, model.name, *exclude, shim, batches, tp, prompt_len, max_model_len),
+        )
     )
     out = OUT / f"{name.replace(',', '_')}.pt"
     for stale in (out, Path(f"{out}.error.json")):
@@ -54,6 +58,8 @@ def run(
         str(tp),
         "--prompt-len",
         str(prompt_len),
+        "--max-model-len",
+        str(max_model_len),
     ]
     if exclude:
         cmd += ["--exclude", ",".join(exclude)]

@@ -79,16 +79,22 @@ def states_misaligned(result: dict[str, Any]) -> None:
     assert bad, "without the adapter some samples should get states of the wrong length"
 
 
-def not_warmed_up(result: dict[str, Any]) -> None:
-    assert result["warmed_up"] is False
-
-
 #: (speculators, adapter) -> (driver options, check that the data is wrong)
 WRONG: dict[tuple[str, str], tuple[dict[str, Any], Callable[[dict[str, Any]], None]]] = {
     ("0.4.0.1", "request_order"): ({"batches": "40"}, out_of_order),
-    # 40 prompts of 250 tokens exceed one step's 8192 tokens: 0.3.0 aborts the split prompt.
-    ("0.3.0", "request_batching"): ({"batches": "40", "prompt_len": 250}, states_misaligned),
-    **{(s, "warmup_split"): ({"batches": "1"}, not_warmed_up) for s in SPECULATORS},
+    # 40 prompts of 1,000 tokens exceed one step's 8,192: 0.3.0 aborts the prompt that was
+    # split across steps, and every later sample's states shift (measured: 768, 0, 0, 0 rows).
+    ("0.3.0", "request_batching"): (
+        {"batches": "40", "prompt_len": 1000, "max_model_len": 1024},
+        states_misaligned,
+    ),
+}
+
+#: Adapters whose absence this CPU cannot show, and why.
+NOT_OBSERVABLE_ON_CPU = {
+    # vLLM's CPU worker skips warm-up once a KV cache exists, so compile_or_warm_up_model does
+    # the same with or without the adapter here; on GPU workers it warms kernels and samplers.
+    "warmup_split",
 }
 
 
@@ -117,9 +123,10 @@ TRAINING = {"speculators_config_transformers5", "cpu_flex_attention"}
 @pytest.mark.parametrize("speculators", SPECULATORS)
 def test_every_applied_adapter_has_a_case_here(speculators, tiny_models) -> None:
     result = harness.run(VLLM, speculators, tiny_models["llama"])
-    covered = {a for s, a in (*RAISES, *WRONG) if s == speculators} | TRAINING
+    covered = {a for s, a in (*RAISES, *WRONG) if s == speculators}
+    covered |= TRAINING | NOT_OBSERVABLE_ON_CPU
     # worker_embed_input_ids applies in vLLM's worker processes, not in the driver
     applied = set(result["applied"]) | (
         {"worker_embed_input_ids"} if speculators == "0.3.0" else set()
     )
-    assert applied | TRAINING == covered
+    assert applied | TRAINING | NOT_OBSERVABLE_ON_CPU == covered

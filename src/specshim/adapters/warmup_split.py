@@ -3,7 +3,9 @@
 Up to 0.26 ``Executor.initialize_from_config`` also compiled and warmed up the model; from
 0.27 the engine core makes a separate ``compile_or_warm_up_model()`` call, which the
 generator does not know about. Without it the first real batch pays for warm-up, and backends
-that allocate workspaces during warm-up meet them missing.
+that allocate workspaces during warm-up meet them missing. (vLLM's CPU worker skips warm-up
+once a KV cache exists, so on the CPU this call changes nothing: its effect is on GPU workers,
+and it cannot be observed by this project's CPU tests.)
 """
 
 from __future__ import annotations
