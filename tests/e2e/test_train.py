@@ -112,6 +112,15 @@ def test_resume_after_a_kill_loses_and_repeats_no_epoch(extracted, tmp_path) -> 
     assert resumed_steps == steps_per_epoch * (11 - last_done)
 
 
+def test_resume_fails_without_checkpoint_device(extracted, tmp_path) -> None:
+    first = train("0.4.0.1", extracted, tmp_path / "d", "--epochs", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    args = ("--epochs", "2", "--resume")
+    second = train("0.4.0.1", extracted, tmp_path / "d", *args, disable="checkpoint_device")
+    assert second.returncode != 0
+    assert "pin_memory=True requires a CUDA or other accelerator backend" in second.stderr
+
+
 @pytest.mark.parametrize(
     ("adapter", "error"),
     [

@@ -117,7 +117,7 @@ def test_generator_returns_wrong_data_without(speculators, adapter, tiny_models)
 
 
 #: Adapters for training, shown to be needed in tests/e2e/test_train.py.
-TRAINING = {"speculators_config_transformers5", "cpu_flex_attention"}
+TRAINING = {"speculators_config_transformers5", "cpu_flex_attention", "checkpoint_device"}
 
 
 @pytest.mark.parametrize("speculators", SPECULATORS)

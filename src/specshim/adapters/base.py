@@ -174,3 +174,23 @@ def generator_class() -> Any:
     from specshim.adapters.targets import GENERATOR
 
     return module(GENERATOR).VllmHiddenStatesGenerator
+
+
+class Proxy:
+    """``obj`` with some attributes replaced, for a module's view of another module.
+
+    Placed in a consumer's namespace (``Patch(consumer, "torch", Proxy(torch, ...))``) it
+    changes what that one module sees, and nothing else.
+    """
+
+    def __init__(self, obj: Any, **overrides: Any) -> None:
+        self._obj = obj
+        self._overrides = overrides
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._overrides:
+            return self._overrides[name]
+        return getattr(self._obj, name)
+
+    def __repr__(self) -> str:
+        return f"<specshim proxy of {self._obj!r} overriding {sorted(self._overrides)}>"

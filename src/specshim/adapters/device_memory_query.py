@@ -10,12 +10,12 @@ memory vLLM may use for the KV cache is ``VLLM_CPU_KVCACHE_SPACE``; that is what
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from specshim.adapters.base import (
     Adapter,
     Patch,
     Probe,
+    Proxy,
     generator_class,
     module,
     needed,
@@ -59,36 +59,15 @@ def probe() -> Probe:
     return not_needed("the generator does not query device memory")
 
 
-class _TorchWithDeviceMemory:
-    """``torch`` as the generator sees it, with ``cuda.mem_get_info`` asking vLLM's platform.
-
-    Only the generator module's global name ``torch`` is replaced; torch itself is untouched.
-    """
-
-    def __init__(self, torch: Any) -> None:
-        self._torch = torch
-        self.cuda = _CudaWithDeviceMemory(torch.cuda)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._torch, name)
-
-
-class _CudaWithDeviceMemory:
-    def __init__(self, cuda: Any) -> None:
-        self._cuda = cuda
-
-    def mem_get_info(self, *args: Any) -> tuple[int, int]:
-        return free_memory()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cuda, name)
-
-
 def patches() -> list[Patch]:
     generator = module(GENERATOR)
     if "mem_get_info" in vars(generator):
         return [Patch(generator, "mem_get_info", free_memory)]
-    return [Patch(generator, "torch", _TorchWithDeviceMemory(vars(generator)["torch"]))]
+    torch = vars(generator)["torch"]
+    # Only the generator's view of torch changes: torch.cuda.mem_get_info asks vLLM's platform.
+    return [
+        Patch(generator, "torch", Proxy(torch, cuda=Proxy(torch.cuda, mem_get_info=free_memory)))
+    ]
 
 
 ADAPTER = Adapter(

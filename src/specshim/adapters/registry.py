@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from specshim.adapters import (
     attention_block_size,
+    checkpoint_device,
     cpu_flex_attention,
     device_memory_query,
     extraction_executor,
@@ -35,6 +36,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     transformers_attn_mask_utils.ADAPTER,
     speculators_config_transformers5.ADAPTER,
     cpu_flex_attention.ADAPTER,
+    checkpoint_device.ADAPTER,
     # speculators' generator module (the consumer)
     attention_block_size.ADAPTER,
     prefix_caching_off.ADAPTER,
