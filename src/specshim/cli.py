@@ -78,6 +78,42 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot(args: argparse.Namespace) -> int:
+    from specshim import contracts
+
+    data = contracts.snapshot()
+    out = args.out or Path("tests/contracts") / f"vllm-{data['vllm']}.json"
+    contracts.save(out, data)
+    print(out)
+    return 0
+
+
+def _triage(args: argparse.Namespace) -> int:
+    from specshim import contracts, report
+
+    now = contracts.snapshot()
+    against = args.against or contracts.nearest(
+        sorted(args.contracts.glob("vllm-*.json")), now["vllm"]
+    )
+    old = contracts.load(against)
+    changes = contracts.diff(old, now)
+    print(f"vLLM {now['vllm']} ({now['distribution']}) against {against} (vLLM {old['vllm']})")
+    print(f"\nupstream facts that moved: {len(changes)}")
+    for change in changes:
+        print(f"  {change.line()}")
+    uncovered = [c for c in changes if not c.adapters]
+    print(f"\nmoved facts no adapter covers: {len(uncovered)}")
+    for change in uncovered:
+        print(f"  {change.key}")
+    full = report.build()
+    print("\nadapters on this installation:")
+    for adapter in full.adapters.adapters:
+        print(f"  {adapter.name:<34} {adapter.state.value:<15} {adapter.reason}")
+    if full.import_error:
+        print(f"\nimporting speculators' generator failed: {full.import_error}")
+    return 1 if uncovered or full.import_error or not full.adapters.ok else 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from specshim.runner import pipeline
 
@@ -134,6 +170,15 @@ def parser() -> argparse.ArgumentParser:
     trn.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     trn.add_argument("--dtype", default="float32", help="float32 or bfloat16 (model and states)")
     trn.set_defaults(handler=_train)
+
+    snap = commands.add_parser("snapshot", help="record the vLLM facts the adapters rely on")
+    snap.add_argument("--out", type=Path, default=None, help="default tests/contracts/vllm-V.json")
+    snap.set_defaults(handler=_snapshot)
+
+    tri = commands.add_parser("triage", help="diff this vLLM against the nearest snapshot")
+    tri.add_argument("--against", type=Path, default=None, help="a snapshot to compare with")
+    tri.add_argument("--contracts", type=Path, default=Path("tests/contracts"))
+    tri.set_defaults(handler=_triage)
 
     run = commands.add_parser("run", help="the whole pipeline on a built-in tiny model")
     run.add_argument("--workdir", type=Path, default=Path("runs/default"))

@@ -1,0 +1,218 @@
+"""Snapshots of the upstream facts the adapters rely on, and the diff between two of them.
+
+A *fact* is one thing read from the installed vLLM: a signature, whether an attribute exists,
+a dataclass's fields, a marker in a docstring or source. Each fact names the adapters that read
+it. ``specshim snapshot`` records them all as JSON (``tests/contracts/vllm-<version>.json``);
+``specshim triage`` snapshots the installed vLLM, diffs it against the nearest recorded
+snapshot and says which facts moved, which adapters read them, and which moved facts no
+adapter covers: a new nightly triaged in a minute.
+
+The names speculators' legacy generator and worker import from vLLM are facts too (read from
+their source with ``ast``, without importing speculators), so a module that moved (vLLM 0.33's
+KV planner) shows up as an import that no longer resolves.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specshim import versions
+
+SCHEMA = 1
+KV_UTILS = "vllm.v1.core.kv_cache_utils"
+EXECUTOR = "vllm.v1.executor.multiproc_executor:MultiprocExecutor"
+
+
+@dataclass(frozen=True)
+class Fact:
+    """``kind`` of ``target`` (``module:qualname``), read by ``adapters``."""
+
+    kind: str  # "signature", "exists", "fields", "doc", "source", "returns"
+    target: str
+    adapters: tuple[str, ...]
+    marker: str = ""  # for "doc" and "source": the text whose presence is recorded
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.target}" + (f"[{self.marker}]" if self.marker else "")
+
+
+def _facts(kind: str, adapters: tuple[str, ...], *targets: str, marker: str = "") -> list[Fact]:
+    return [Fact(kind, t, adapters, marker) for t in targets]
+
+
+FACTS: tuple[Fact, ...] = (
+    *_facts("signature", ("kv_cache_config",), f"{KV_UTILS}:get_kv_cache_config_from_groups"),
+    *_facts("exists", (), f"{KV_UTILS}:get_kv_cache_configs", f"{KV_UTILS}:get_kv_cache_groups"),
+    *_facts("signature", (), f"{KV_UTILS}:get_kv_cache_configs"),
+    *_facts("exists", ("scheduler_block_size",), f"{KV_UTILS}:resolve_kv_cache_block_sizes"),
+    *_facts(
+        "signature", ("scheduler_block_size",), "vllm.v1.core.sched.scheduler:Scheduler.__init__"
+    ),
+    *_facts("fields", ("scheduler_config_encoder_decoder",), "vllm.config:SchedulerConfig"),
+    *_facts("fields", (), "vllm.v1.kv_cache_interface:KVCacheConfig"),
+    *_facts("signature", ("request_eos_token_id",), "vllm.v1.request:Request.__init__"),
+    *_facts("signature", ("rpc_reply_shape",), f"{EXECUTOR}.collective_rpc"),
+    *_facts(
+        "doc",
+        ("rpc_reply_shape",),
+        f"{EXECUTOR}.collective_rpc",
+        marker="Returns single result if unique_reply_rank",
+    ),
+    *_facts("exists", ("sample_tokens_split",), f"{EXECUTOR}.sample_tokens"),
+    *_facts("exists", ("warmup_split",), f"{EXECUTOR}.compile_or_warm_up_model"),
+    *_facts(
+        "source",
+        ("warmup_split",),
+        f"{EXECUTOR}.initialize_from_config",
+        marker="compile_or_warm_up_model",
+    ),
+    *_facts("exists", ("kv_cache_layout",), f"{EXECUTOR}.set_kv_cache_layout"),
+    *_facts(
+        "exists", ("kv_cache_layout",), "vllm.v1.attention.backends.utils:resolve_kv_cache_layout"
+    ),
+    *_facts(
+        "returns",
+        ("attention_block_size",),
+        "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_kernel_block_sizes",
+    ),
+    *_facts(
+        "exists",
+        ("worker_embed_input_ids",),
+        "vllm.model_executor.models.llama:LlamaModel.get_input_embeddings",
+        "vllm.model_executor.models.llama:LlamaModel.embed_input_ids",
+    ),
+    *_facts("exists", (), "vllm.plugins:DEFAULT_PLUGINS_GROUP"),
+)
+
+
+def _resolve(target: str) -> Any:
+    module_name, _, qualname = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in filter(None, qualname.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _describe(value: Any) -> Any:
+    """A stable rendering: objects without a useful repr are shown by their attributes."""
+    if isinstance(value, list | tuple):
+        return [_describe(v) for v in value]
+    text = repr(value)
+    if " at 0x" in text and hasattr(value, "__dict__"):
+        inner = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(value).items()))
+        return f"{type(value).__name__}({inner})"
+    return text
+
+
+def _read(fact: Fact) -> Any:
+    """The fact's value, or ``None`` when its target does not exist."""
+    try:
+        obj = _resolve(fact.target)
+    except (ImportError, AttributeError):
+        return None
+    readers: dict[str, Callable[[Any], Any]] = {
+        "exists": lambda _: True,
+        "signature": lambda o: str(inspect.signature(o)),
+        "fields": lambda o: (
+            sorted(f.name for f in dataclasses.fields(o))
+            + sorted(k for k, v in getattr(o, "__annotations__", {}).items() if "InitVar" in str(v))
+        ),
+        "doc": lambda o: fact.marker in (o.__doc__ or ""),
+        "source": lambda o: fact.marker in inspect.getsource(o),
+        "returns": lambda o: _describe(o()),
+    }
+    return readers[fact.kind](obj)
+
+
+def consumer_imports(speculators_root: Path | None = None) -> list[str]:
+    """``module:name`` for every vLLM name speculators' generator and worker import."""
+    if speculators_root is None:
+        spec = importlib.util.find_spec("speculators")
+        if spec is None or not spec.submodule_search_locations:
+            return []
+        speculators_root = Path(next(iter(spec.submodule_search_locations)))
+    names = []
+    for path in sorted((speculators_root / "data_generation").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm"):
+                names += [f"{node.module}:{alias.name}" for alias in node.names]
+    return sorted(set(names))
+
+
+def snapshot(speculators_root: Path | None = None) -> dict[str, Any]:
+    """Every fact about the installed vLLM, and whether speculators' imports resolve."""
+    installed = versions.vllm()
+    facts = {fact.key: _read(fact) for fact in FACTS}
+    found = consumer_imports(speculators_root)
+    imports = {name: _read(Fact("exists", name, ())) for name in found}
+    return {
+        "schema": SCHEMA,
+        "vllm": installed.version,
+        "distribution": installed.distribution,
+        "facts": facts,
+        "speculators_imports": imports,
+    }
+
+
+def save(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def load(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: expected a specshim snapshot (schema {SCHEMA})")
+    return data
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    before: Any
+    after: Any
+    adapters: tuple[str, ...]
+
+    def line(self) -> str:
+        owners = ", ".join(self.adapters) or "NO ADAPTER"
+        return f"{self.key}: {self.before!r} -> {self.after!r}  [{owners}]"
+
+
+def diff(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
+    """The facts and speculators imports that differ between two snapshots."""
+    owners = {fact.key: fact.adapters for fact in FACTS}
+    changes = []
+    for section in ("facts", "speculators_imports"):
+        before, after = old.get(section, {}), new.get(section, {})
+        for key in sorted(set(before) | set(after)):
+            if before.get(key) != after.get(key):
+                label = key if section == "facts" else f"import:{key}"
+                changes.append(Change(label, before.get(key), after.get(key), owners.get(key, ())))
+    return changes
+
+
+def nearest(snapshots: list[Path], version: str) -> Path:
+    """The recorded snapshot whose vLLM version is closest to ``version``."""
+    target = versions.base(version)
+
+    def distance(path: Path) -> tuple[int, int, int]:
+        v = versions.base(load(path)["vllm"])
+        return (
+            abs(v.major - target.major),
+            abs(v.minor - target.minor),
+            abs(v.micro - target.micro),
+        )
+
+    if not snapshots:
+        raise FileNotFoundError("no recorded snapshots (tests/contracts/vllm-*.json)")
+    return min(snapshots, key=distance)
