@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,7 @@ def _read(fact: Fact) -> Any:
         return None
     readers: dict[str, Callable[[Any], Any]] = {
         "exists": lambda _: True,
-        "signature": lambda o: str(inspect.signature(o)),
+        "signature": lambda o: re.sub(r" at 0x[0-9a-f]+", "", str(inspect.signature(o))),
         "fields": lambda o: (
             sorted(f.name for f in dataclasses.fields(o))
             + sorted(k for k, v in getattr(o, "__annotations__", {}).items() if "InitVar" in str(v))
