@@ -28,37 +28,47 @@ import json, sys, time
 from specshim.testbed import cpu
 cpu.configure()
 mode, model, prompts_path, max_len = sys.argv[1:4] + [int(sys.argv[4])]
-prompts = json.load(open(prompts_path))
-tokens = sum(len(p) for p in prompts)
+mixes = json.load(open(prompts_path))
+
+
+def timings(run):
+    # warm up once, then time run(prompts) for every mix: {mix: tokens per second}
+    run(next(iter(mixes.values()))[:2])
+    rates = {}
+    for mix, prompts in mixes.items():
+        t = time.perf_counter()
+        run(prompts)
+        rates[mix] = sum(len(p) for p in prompts) / (time.perf_counter() - t)
+    return rates
+
+
 if __name__ == "__main__":
     if mode == "specshim":
         import specshim
         specshim.apply()
         from speculators.data_generation import vllm_hidden_states_generator as gen
         g = gen.VllmHiddenStatesGenerator(model, max_model_len=max_len)
-        g.generate(prompts[:2])
-        t = time.perf_counter(); g.generate(prompts); elapsed = time.perf_counter() - t
+        rates = timings(g.generate)
     elif mode == "vllm_prefill":
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
         llm = LLM(model, max_model_len=max_len, enforce_eager=True, block_size=32,
                   enable_prefix_caching=False, max_num_seqs=32)
         params = SamplingParams(max_tokens=1, temperature=0.0)
-        batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        llm.generate(batch[:2], params, use_tqdm=False)
-        t = time.perf_counter()
-        llm.generate(batch, params, use_tqdm=False)
-        elapsed = time.perf_counter() - t
+        rates = timings(lambda ps: llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False))
     else:
         import torch
         from transformers import AutoModelForCausalLM
         m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).eval()
-        t = time.perf_counter()
-        with torch.no_grad():
-            for p in prompts:
-                m(torch.tensor([p]), output_hidden_states=True)
-        elapsed = time.perf_counter() - t
-    print("RESULT", json.dumps({"tokens": tokens, "seconds": elapsed}))
+
+        def forward(ps):
+            with torch.no_grad():
+                for p in ps:
+                    m(torch.tensor([p]), output_hidden_states=True)
+
+        rates = timings(forward)
+    print("RESULT", json.dumps(rates))
 """
 
 MODES = ("vllm_prefill", "specshim", "transformers")
@@ -72,7 +82,7 @@ def prompts(mix: str, vocab: int = 384, seed: int = 0) -> list[list[int]]:
     ]
 
 
-def run(mode: str, model: str, prompt_file: Path, script: Path) -> float:
+def run(mode: str, model: str, prompt_file: Path, script: Path) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, str(script), mode, model, str(prompt_file), str(MAX_MODEL_LEN)],
         capture_output=True, text=True, timeout=900,
@@ -80,8 +90,7 @@ def run(mode: str, model: str, prompt_file: Path, script: Path) -> float:
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"{mode} failed:\n{out.stderr[-3000:]}")
-    result = json.loads(lines[-1][7:])
-    return result["tokens"] / result["seconds"]
+    return json.loads(lines[-1][7:])
 
 
 def main() -> None:
@@ -97,12 +106,16 @@ def main() -> None:
         model = str(tiny_model.build(work / "model", "llama"))
     script = work / "worker.py"
     script.write_text(WORKER)
+    prompt_file = work / "mixes.json"
+    prompt_file.write_text(json.dumps({mix: prompts(mix) for mix in MIXES}))
+    # runs alternate between paths so that machine noise spreads over all of them
+    samples: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    for _ in range(args.runs):
+        for mode in MODES:
+            samples[mode].append(run(mode, model, prompt_file, script))
     print(f"{'mix':<8}{'path':<16}{'tokens/s (median)':>20}{'vs vLLM prefill':>18}")
     for mix in MIXES:
-        prompt_file = work / f"{mix}.json"
-        prompt_file.write_text(json.dumps(prompts(mix)))
-        rates = {m: statistics.median(run(m, model, prompt_file, script) for _ in range(args.runs))
-                 for m in MODES}  # fmt: skip
+        rates = {m: statistics.median(s[mix] for s in samples[m]) for m in MODES}
         for mode in MODES:
             ratio = rates[mode] / rates["vllm_prefill"]
             print(f"{mix:<8}{mode:<16}{rates[mode]:>20,.0f}{ratio:>18.3f}")

