@@ -145,6 +145,37 @@ def build_model(verifier: str, d2t: Any, t2d: Any, num_layers: int, ttt_steps: i
     return Eagle3DraftModel(config=config, t2d=t2d, d2t=d2t)
 
 
+#: speculators writes a checkpoint's files in this order; the last one marks it complete.
+CHECKPOINT_FILES = ("model.safetensors", "optimizer_state_dict.pt", "scheduler_state_dict.pt")
+
+
+def set_aside_incomplete(checkpoints: Path) -> list[Path]:
+    """Rename epoch directories that a kill left half-written, so resuming skips them.
+
+    speculators' checkpointer resumes from the highest-numbered directory, complete or not;
+    a directory missing any of its files (or whose last file does not load) is renamed to
+    ``incomplete-<epoch>`` (kept for inspection, ignored by speculators) and that epoch is
+    trained again.
+    """
+    import torch
+
+    moved = []
+    for epoch_dir in sorted(p for p in checkpoints.glob("*") if p.name.isdigit()):
+        complete = all((epoch_dir / name).exists() for name in CHECKPOINT_FILES)
+        if complete:
+            try:
+                torch.load(epoch_dir / CHECKPOINT_FILES[-1], weights_only=True)
+            except Exception:
+                complete = False
+        if not complete:
+            target = checkpoints / f"incomplete-{epoch_dir.name}"
+            while target.exists():
+                target = target.with_name(target.name + "-again")
+            epoch_dir.rename(target)
+            moved.append(target)
+    return moved
+
+
 def _loader(files: list[str], max_len: int, seed: int, dtype: Any) -> Any:
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
@@ -199,6 +230,10 @@ def train(
     model = build_model(verifier, d2t, t2d, num_layers, ttt_steps).to(torch_dtype)
 
     from speculators.train.trainer import Trainer, TrainerConfig
+
+    if resume:
+        for path in set_aside_incomplete(out / "checkpoints"):
+            print(f"[specshim train] set aside a half-written checkpoint: {path}")
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     options = dict(
