@@ -28,6 +28,13 @@ def test_exact_row_gives_its_verdict_local_segment_ignored() -> None:
     assert matrix.verdict(table, "0.28.0", "0.4.0.1").status == "tested-fail"
 
 
+def test_failed_row_quotes_its_error_and_note() -> None:
+    (row,) = [r for r in matrix.load() if r.vllm == "0.34.0"]
+    result = matrix.verdict([row], "0.34.0", "0.4.0.1")
+    assert result.status == "tested-fail"
+    assert "reached import" in result.detail and "unverified on a GPU" in result.detail
+
+
 def test_nightly_is_untested_and_names_the_nearest_rows() -> None:
     table = rows(("0.32.0", "0.4.0.1", "pass"), ("0.16.0", "0.4.0.1", "pass"))
     result = matrix.verdict(table, "0.33.0rc1.dev12+gabcdef", "0.4.0.1")

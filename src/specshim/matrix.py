@@ -112,8 +112,13 @@ def verdict(rows: list[Row], vllm: str | None, speculators: str | None) -> Verdi
     ]
     if exact and not versions.is_development(installed):
         worst = "fail" if any(r.verdict == "fail" for r in exact) else "pass"
-        levels = ", ".join(f"{r.level} ({r.measured})" for r in exact)
-        return Verdict(f"tested-{worst}", f"measured: {levels}", tuple(exact))
+        levels = "; ".join(
+            f"{r.level} ({r.measured})"
+            + (f": {r.error}" if r.error else "")
+            + (f" [{r.note}]" if r.note else "")
+            for r in exact
+        )
+        return Verdict(f"tested-{worst}", f"reached {levels}", tuple(exact))
     same_spec = [r for r in rows if versions.parse(r.speculators) == versions.parse(speculators)]
     nearest = sorted(same_spec, key=lambda r: _distance(versions.parse(r.vllm), installed))[:2]
     names = "; ".join(f"{r.label()}: {r.verdict} at {r.level}" for r in nearest) or "none"
