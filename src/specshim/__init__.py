@@ -5,10 +5,53 @@
     ...                            # use speculators as usual
     specshim.revert()              # put every original back
 
-Importing this package imports neither torch, vLLM, transformers nor speculators.
+Importing this package imports neither torch, vLLM, transformers nor speculators, and not even
+the adapter registry: the engine loads on the first call, so `import specshim` costs about as
+much as importing a small stdlib module.
 """
 
-from specshim.engine import AdapterError, Report, State, apply, revert, status
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing itself is not imported: it would double the cost of the import
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    from specshim.engine import AdapterError, Report, State
 
 __all__ = ["AdapterError", "Report", "State", "__version__", "apply", "revert", "status"]
 __version__ = "0.1.0"
+
+
+def apply(
+    *,
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
+    strict: bool | None = None,
+) -> Report:
+    """Apply every needed adapter, all-or-nothing (see :func:`specshim.engine.apply`)."""
+    from specshim import engine
+
+    return engine.apply(only=only, exclude=exclude, strict=strict)
+
+
+def revert() -> Report:
+    """Undo every applied patch, restoring each original object by identity."""
+    from specshim import engine
+
+    return engine.revert()
+
+
+def status() -> Report:
+    """The current state of every adapter, without changing anything."""
+    from specshim import engine
+
+    return engine.status()
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("AdapterError", "Report", "State"):
+        from specshim import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'specshim' has no attribute {name!r}")
