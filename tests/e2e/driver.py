@@ -53,6 +53,7 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     args = parser.parse_args()
     cpu.configure()
+    cpu.bind_threads(args.tp)
     applied: list[str] = []
     try:
         if not args.no_shim:

@@ -129,3 +129,20 @@ def test_matrix_row_names_the_adapters_that_applied(vllm, speculators, tiny_mode
     worker = {"worker_embed_input_ids"} if speculators == "0.3.0" else set()
     assert set(row.adapters) == set(result["applied"]) | worker
     assert row.verdict == "pass"
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_tensor_parallel_2_on_the_cpu(speculators, tiny_models) -> None:
+    """Two CPU workers (each bound to its own core): the reply comes from rank 0 through the
+    real multi-worker collective_rpc, and the states still match transformers."""
+    model = tiny_models["llama"]
+    result = harness.run("0.32.0", speculators, model, batches="40", tp=2)
+    assert "error" not in result, result.get("error", {}).get("traceback")
+    assert [s["input_ids"].tolist() for s in result["batch_40"]] == [
+        p[: MAX_MODEL_LEN - 1] for p in result["prompts"]
+    ]
+    for sample in result["batch_40"]:
+        want = harness.reference(model, sample["input_ids"], result["layer_ids"])
+        for got, ref in zip(sample["hidden_states"], want, strict=True):
+            relative, cosine = harness.errors(got, ref)
+            assert relative < harness.MAX_RELATIVE_ERROR and cosine > harness.MIN_COSINE

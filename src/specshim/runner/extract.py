@@ -113,7 +113,7 @@ def extract(
     import specshim
     from specshim.runner import hardware_setup
 
-    hardware_setup.prepare_for_vllm()
+    hardware_setup.prepare_for_vllm(tensor_parallel_size)
     specshim.apply()
     tokenizer = AutoTokenizer.from_pretrained(model)
     skipped: list[dataset.BadRow] = []

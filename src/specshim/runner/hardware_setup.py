@@ -9,10 +9,12 @@ from specshim import hardware
 from specshim.testbed import cpu
 
 
-def prepare_for_vllm() -> hardware.Accelerator:
+def prepare_for_vllm(tensor_parallel_size: int = 1) -> hardware.Accelerator:
     accelerator = hardware.detect()
     if accelerator.kind == "cpu":
         chosen = cpu.configure()
+        if binding := cpu.bind_threads(tensor_parallel_size):
+            chosen["VLLM_CPU_OMP_THREADS_BIND"] = binding
     else:
         chosen = {}
         if "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
