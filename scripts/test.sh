@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_env.sh .venv 0.32.0 5.19.0
 scripts/setup_env.sh .venv-0.28 0.28.0 5.24.0
+scripts/unpack_vllm.sh 0.34.0 vllm
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 export SPECSHIM_REQUIRE_E2E=1

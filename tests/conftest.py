@@ -34,6 +34,18 @@ def vllm_python(version: str) -> Path:
     return python
 
 
+#: vLLM releases with no CPU build: their wheels' Python sources, unpacked by
+#: ``scripts/unpack_vllm.sh`` for import-level checks (they run beside .venv's torch).
+UNPACKED_VLLM = ("0.34.0",)
+
+
+def unpacked_vllm(version: str) -> Path:
+    path = ROOT / ".wheels" / f"vllm-{version}"
+    if not (path / "vllm").is_dir():
+        _missing(f"the unpacked vllm {version} wheel ({path})")
+    return path
+
+
 def speculators_path(version: str) -> Path:
     path = ROOT / ".spec" / version
     if not (path / "speculators").is_dir():

@@ -116,3 +116,27 @@ def test_apply_records_the_selection_for_child_processes(monkeypatch, fake_modul
     monkeypatch.setenv(engine.APPLY_ENV, recorded)
     report = engine.apply_from_environment()
     assert report is not None and report.applied == ("a",)
+
+
+def test_a_module_still_importing_is_not_ready(monkeypatch, tmp_path: Path) -> None:
+    """speculators' generator imports kv_cache_utils: the hook for kv_cache_utils fires while
+    the generator is half executed, so adapters waiting for the generator must wait on, and
+    the adapter waiting for kv_cache_utils must act before the generator's next line."""
+    outer, inner = "specshim_fake_outer", "specshim_fake_inner"
+    (tmp_path / f"{inner}.py").write_text("def early():\n    return 'original'\n")
+    (tmp_path / f"{outer}.py").write_text(
+        f"from {inner} import early\nSEEN = early\n\ndef late():\n    return 'original'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    use(monkeypatch, fake_adapter("early", waits=inner), fake_adapter("late", waits=outer))
+    try:
+        specshim.apply()
+        import specshim_fake_outer  # noqa: F401  (fires both hooks, inner first)
+
+        assert sys.modules[outer].SEEN == "patched by early"
+        assert sys.modules[outer].late == "patched by late"
+        assert specshim.status().applied == ("early", "late")
+    finally:
+        specshim.revert()
+        sys.modules.pop(outer, None)
+        sys.modules.pop(inner, None)

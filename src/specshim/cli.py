@@ -3,17 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to file descriptor 1 to 2 for a while: vLLM's logger writes
+    to stdout, which would corrupt ``--json`` output."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _report(args: argparse.Namespace) -> int:
     from specshim import report
 
-    full = report.build(probe_imports=not args.no_import)
-    print(json.dumps(full.to_dict(), indent=2) if args.json else full.to_text())
+    if args.json:
+        with _stdout_to_stderr():
+            full = report.build(probe_imports=not args.no_import)
+        print(json.dumps(full.to_dict(), indent=2))
+    else:
+        full = report.build(probe_imports=not args.no_import)
+        print(full.to_text())
     return full.exit_code
 
 
@@ -81,7 +103,7 @@ def _train(args: argparse.Namespace) -> int:
 def _snapshot(args: argparse.Namespace) -> int:
     from specshim import contracts
 
-    data = contracts.snapshot()
+    data = contracts.snapshot(args.speculators)
     out = args.out or Path("tests/contracts") / f"vllm-{data['vllm']}.json"
     contracts.save(out, data)
     print(out)
@@ -173,6 +195,14 @@ def parser() -> argparse.ArgumentParser:
 
     snap = commands.add_parser("snapshot", help="record the vLLM facts the adapters rely on")
     snap.add_argument("--out", type=Path, default=None, help="default tests/contracts/vllm-V.json")
+    snap.add_argument(
+        "--speculators",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder holding a speculators release (repeat): record every probe's decision",
+    )
     snap.set_defaults(handler=_snapshot)
 
     tri = commands.add_parser("triage", help="diff this vLLM against the nearest snapshot")

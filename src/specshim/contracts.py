@@ -20,7 +20,10 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,14 +56,11 @@ def _facts(kind: str, adapters: tuple[str, ...], *targets: str, marker: str = ""
 
 FACTS: tuple[Fact, ...] = (
     *_facts("signature", ("kv_cache_config",), f"{KV_UTILS}:get_kv_cache_config_from_groups"),
-    *_facts("exists", (), f"{KV_UTILS}:get_kv_cache_configs", f"{KV_UTILS}:get_kv_cache_groups"),
-    *_facts("signature", (), f"{KV_UTILS}:get_kv_cache_configs"),
     *_facts("exists", ("scheduler_block_size",), f"{KV_UTILS}:resolve_kv_cache_block_sizes"),
     *_facts(
         "signature", ("scheduler_block_size",), "vllm.v1.core.sched.scheduler:Scheduler.__init__"
     ),
     *_facts("fields", ("scheduler_config_encoder_decoder",), "vllm.config:SchedulerConfig"),
-    *_facts("fields", (), "vllm.v1.kv_cache_interface:KVCacheConfig"),
     *_facts("signature", ("request_eos_token_id",), "vllm.v1.request:Request.__init__"),
     *_facts("signature", ("rpc_reply_shape",), f"{EXECUTOR}.collective_rpc"),
     *_facts(
@@ -94,6 +94,10 @@ FACTS: tuple[Fact, ...] = (
     ),
     *_facts("exists", (), "vllm.plugins:DEFAULT_PLUGINS_GROUP"),
 )
+
+
+#: Modules speculators imports names from, and the adapters that keep those names resolving.
+IMPORT_OWNERS: dict[str, tuple[str, ...]] = {KV_UTILS: ("kv_cache_planner_moved",)}
 
 
 def _resolve(target: str) -> Any:
@@ -150,11 +154,36 @@ def consumer_imports(speculators_root: Path | None = None) -> list[str]:
     return sorted(set(names))
 
 
-def snapshot(speculators_root: Path | None = None) -> dict[str, Any]:
-    """Every fact about the installed vLLM, and whether speculators' imports resolve."""
+def decisions(speculators_path: Path) -> tuple[str, dict[str, str]]:
+    """Every adapter's state on this vLLM with the speculators found at ``speculators_path``.
+
+    The real probes, run by ``specshim report`` in a fresh process (applying adapters and
+    importing speculators' generator must not touch the caller), so a snapshot records what
+    each probe decided on that installation, not what we expect it to.
+    """
+    path = os.pathsep.join(filter(None, [str(speculators_path), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    env.pop("SPECSHIM_APPLY", None)
+    command = [sys.executable, "-W", "ignore", "-m", "specshim.cli", "report", "--json"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    try:
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError as exc:
+        raise RuntimeError(f"specshim report failed:\n{done.stderr[-3000:]}") from exc
+    by_name = {item["name"]: item["version"] for item in data["installed"]}
+    if by_name.get("speculators") is None:
+        raise ValueError(f"{speculators_path}: expected a folder holding speculators/")
+    return by_name["speculators"], {a["name"]: a["state"] for a in data["adapters"]}
+
+
+def snapshot(speculators_paths: list[Path] | None = None) -> dict[str, Any]:
+    """Every fact about the installed vLLM, whether the imports of every speculators in
+    ``speculators_paths`` (else the installed one) resolve, and what every probe decided."""
     installed = versions.vllm()
     facts = {fact.key: _read(fact) for fact in FACTS}
-    found = consumer_imports(speculators_root)
+    paths = speculators_paths or []
+    roots = [path / "speculators" for path in paths] or [None]
+    found = sorted({name for root in roots for name in consumer_imports(root)})
     imports = {name: _read(Fact("exists", name, ())) for name in found}
     return {
         "schema": SCHEMA,
@@ -162,6 +191,7 @@ def snapshot(speculators_root: Path | None = None) -> dict[str, Any]:
         "distribution": installed.distribution,
         "facts": facts,
         "speculators_imports": imports,
+        "decisions": dict(decisions(path) for path in paths),
     }
 
 
@@ -192,10 +222,15 @@ class Change:
 def diff(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
     """The facts and speculators imports that differ between two snapshots."""
     owners = {fact.key: fact.adapters for fact in FACTS}
+    for section in (old, new):
+        for name in section.get("speculators_imports", {}):
+            owners[name] = IMPORT_OWNERS.get(name.partition(":")[0], ())
     changes = []
     for section in ("facts", "speculators_imports"):
         before, after = old.get(section, {}), new.get(section, {})
-        for key in sorted(set(before) | set(after)):
+        # an import only one side recorded means another speculators was scanned, not a move
+        keys = set(before) | set(after) if section == "facts" else set(before) & set(after)
+        for key in sorted(keys):
             if before.get(key) != after.get(key):
                 label = key if section == "facts" else f"import:{key}"
                 changes.append(Change(label, before.get(key), after.get(key), owners.get(key, ())))

@@ -18,6 +18,7 @@ import threading
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 from specshim.adapters import registry
 from specshim.adapters.base import Adapter, Decision, Patch, UnknownShape
@@ -141,8 +142,19 @@ def _installed(root: str) -> bool:
     return root in sys.modules or importlib.util.find_spec(root) is not None
 
 
-def _ready(adapter: Adapter) -> bool:
-    return all(m in sys.modules for m in adapter.waits_for)
+def _imported(name: str, just_loaded: str | None = None) -> bool:
+    """Is ``name`` imported and done executing? A module whose import is still running (a
+    post-import hook of one of its own imports fires) is in ``sys.modules`` but not ready.
+    ``just_loaded`` is the module whose post-import hook is running: executed, though
+    importlib only clears its ``_initializing`` flag after the hooks."""
+    loaded = sys.modules.get(name)
+    if loaded is None:
+        return False
+    return name == just_loaded or not getattr(loaded.__spec__, "_initializing", False)
+
+
+def _ready(adapter: Adapter, just_loaded: str | None = None) -> bool:
+    return all(_imported(m, just_loaded) for m in adapter.waits_for)
 
 
 def _apply_group(adapters: list[Adapter], strict: bool) -> None:
@@ -189,10 +201,12 @@ def _apply_group(adapters: list[Adapter], strict: bool) -> None:
         raise
 
 
-def _on_import(_module: object) -> None:
+def _on_import(loaded: ModuleType) -> None:
     """Post-import hook: apply every waiting adapter whose modules are all imported now."""
     with _engine.lock:
-        ready = [a for a in registry.ADAPTERS if a.name in _engine.waiting and _ready(a)]
+        ready = [
+            a for a in registry.ADAPTERS if a.name in _engine.waiting and _ready(a, loaded.__name__)
+        ]
         if not ready:
             return
         _engine.waiting -= {a.name for a in ready}
@@ -246,7 +260,7 @@ def apply(
                 now.append(adapter)
             else:
                 _wait_for(adapter)
-                waiting_on = [m for m in adapter.waits_for if m not in sys.modules]
+                waiting_on = [m for m in adapter.waits_for if not _imported(m)]
                 _engine.outcome[adapter.name] = (
                     State.WAITING,
                     f"until {waiting_on[0]} is imported",

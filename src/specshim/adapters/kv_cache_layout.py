@@ -3,19 +3,32 @@
 From vLLM 0.29 the engine core calls ``resolve_kv_cache_layout`` and
 ``executor.set_kv_cache_layout`` before it builds any KV-cache config; building one without
 that raises ``ValueError: KV cache layout has not been resolved yet``. speculators' generator
-never does it, so its executor does it at the end of ``__init__``.
+never does it, so its executor does it at the end of ``__init__``. From 0.34 the call also
+carries the context-parallel KV interleave size (``set_kv_cache_layout(name, interleave)``);
+the generator never uses decode context parallelism, so the configured value is passed as it is
+(the engine's ``adjust_dcp_kv_cache_interleave_size`` only changes it under DCP).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_needed, wrap
+from specshim.adapters.base import (
+    Adapter,
+    Patch,
+    Probe,
+    module,
+    needed,
+    not_needed,
+    parameters,
+    wrap,
+)
 from specshim.adapters.extraction_executor import NAME as SEAM
 from specshim.adapters.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR
 
 LAYOUT_UTILS = "vllm.v1.attention.backends.utils"
+INTERLEAVE = "cp_kv_cache_interleave_size"
 
 
 def probe() -> Probe:
@@ -34,7 +47,10 @@ def resolve_layout(executor: Any) -> None:
         executor.get_supported_kv_cache_layouts(),
         [spec for worker_specs in specs for spec in worker_specs.values()],
     )
-    executor.set_kv_cache_layout(layout.name)
+    arguments: list[Any] = [layout.name]
+    if INTERLEAVE in parameters(executor.set_kv_cache_layout):
+        arguments.append(getattr(executor.vllm_config.parallel_config, INTERLEAVE))
+    executor.set_kv_cache_layout(*arguments)
 
 
 def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:

@@ -8,8 +8,6 @@ reason (speculators issue #279); 0.3.0 did not.
 
 from __future__ import annotations
 
-from typing import Any
-
 from specshim.adapters.base import (
     Adapter,
     Patch,
@@ -19,7 +17,7 @@ from specshim.adapters.base import (
     module,
     needed,
     not_needed,
-    wrap,
+    with_keywords,
 )
 from specshim.adapters.targets import GENERATOR
 
@@ -31,13 +29,8 @@ def probe() -> Probe:
     return needed("the generator leaves prefix caching at vLLM's default (on)")
 
 
-def _construct(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
-    kwargs["enable_prefix_caching"] = False
-    return wrapped(*args, **kwargs)
-
-
 def patches() -> list[Patch]:
-    return [wrap(module(GENERATOR), "CacheConfig", _construct)]
+    return [with_keywords(module(GENERATOR), "CacheConfig", force={"enable_prefix_caching": False})]
 
 
 ADAPTER = Adapter(

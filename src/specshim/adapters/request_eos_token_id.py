@@ -7,8 +7,6 @@ throws it away, so the EOS plays no part; the argument is dropped, not moved.
 
 from __future__ import annotations
 
-from typing import Any
-
 from specshim.adapters.base import (
     Adapter,
     Patch,
@@ -19,7 +17,7 @@ from specshim.adapters.base import (
     needed,
     not_needed,
     parameters,
-    wrap,
+    with_keywords,
 )
 from specshim.adapters.targets import GENERATOR
 
@@ -33,13 +31,8 @@ def probe() -> Probe:
     return needed("Request no longer accepts eos_token_id; the generator passes it")
 
 
-def _construct(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
-    kwargs.pop("eos_token_id", None)
-    return wrapped(*args, **kwargs)
-
-
 def patches() -> list[Patch]:
-    return [wrap(module(GENERATOR), "Request", _construct)]
+    return [with_keywords(module(GENERATOR), "Request", drop=("eos_token_id",))]
 
 
 ADAPTER = Adapter(

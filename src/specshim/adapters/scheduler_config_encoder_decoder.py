@@ -9,7 +9,6 @@ The generator only supports decoder-only models (it patches ``model.model.layers
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from specshim.adapters.base import (
     Adapter,
@@ -20,7 +19,7 @@ from specshim.adapters.base import (
     module,
     needed,
     not_needed,
-    wrap,
+    with_keywords,
 )
 from specshim.adapters.targets import GENERATOR
 
@@ -48,13 +47,9 @@ def probe() -> Probe:
     return needed("SchedulerConfig requires is_encoder_decoder; the generator omits it")
 
 
-def _construct(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
-    kwargs.setdefault("is_encoder_decoder", False)
-    return wrapped(*args, **kwargs)
-
-
 def patches() -> list[Patch]:
-    return [wrap(module(GENERATOR), "SchedulerConfig", _construct)]
+    generator = module(GENERATOR)
+    return [with_keywords(generator, "SchedulerConfig", default={"is_encoder_decoder": False})]
 
 
 ADAPTER = Adapter(

@@ -14,10 +14,18 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
-from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_applicable, not_needed
+from specshim.adapters.base import (
+    Adapter,
+    Patch,
+    Probe,
+    module,
+    module_source,
+    needed,
+    not_applicable,
+    not_needed,
+)
 
 MASK_UTILS = "transformers.modeling_attn_mask_utils"
 
@@ -62,11 +70,8 @@ def prepare_4d_causal_attention_mask(
 
 
 def _speculators_uses_it() -> bool:
-    spec = importlib.util.find_spec("speculators")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    eagle = Path(next(iter(spec.submodule_search_locations))) / "models" / "eagle.py"
-    return eagle.exists() and MASK_UTILS in eagle.read_text()
+    eagle = module_source("speculators.models.eagle")
+    return eagle is not None and MASK_UTILS in eagle
 
 
 def probe() -> Probe:
