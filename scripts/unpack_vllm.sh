@@ -22,7 +22,8 @@ wheel = next(pathlib.Path(sys.argv[1]).glob("*.whl"))
 dest = pathlib.Path(sys.argv[2])
 partial = dest.with_name(dest.name + ".partial")
 with zipfile.ZipFile(wheel) as archive:
-    members = [m for m in archive.namelist() if m.startswith(("vllm/", "vllm-")) and not m.endswith(".so")]
+    names = archive.namelist()
+    members = [m for m in names if (m.startswith("vllm/") or ".dist-info/" in m) and not m.endswith(".so")]
     archive.extractall(partial, members)
 partial.rename(dest)
 print(f"{dest}: {len(members)} files from {wheel.name}")

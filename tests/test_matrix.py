@@ -29,10 +29,13 @@ def test_exact_row_gives_its_verdict_local_segment_ignored() -> None:
 
 
 def test_failed_row_quotes_its_error_and_note() -> None:
-    (row,) = [r for r in matrix.load() if r.vllm == "0.34.0"]
-    result = matrix.verdict([row], "0.34.0", "0.4.0.1")
+    failed = {**ROW, "vllm": "0.11.0", "speculators": "0.4.0.1", "verdict": "fail"}
+    failed |= {"level": "import", "error": "ModuleNotFoundError: vllm.utils.hashing"}
+    failed |= {"note": "outside speculators 0.4's own range"}
+    result = matrix.verdict([matrix._row(0, failed)], "0.11.0", "0.4.0.1")
     assert result.status == "tested-fail"
-    assert "reached import" in result.detail and "unverified on a GPU" in result.detail
+    assert "reached import" in result.detail and "vllm.utils.hashing" in result.detail
+    assert "outside speculators 0.4's own range" in result.detail
 
 
 def test_nightly_is_untested_and_names_the_nearest_rows() -> None:

@@ -68,12 +68,7 @@ def _extract(args: argparse.Namespace) -> int:
 def _vocab(args: argparse.Namespace) -> int:
     from specshim.runner import vocab
 
-    target = args.target_vocab_size
-    if target is None:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(args.model)
-        target = getattr(config, "text_config", config).vocab_size
+    target = args.target_vocab_size or vocab.target_vocab_size(args.model)
     for path in vocab.build(args.data, args.draft_vocab_size, target, args.out or args.data):
         print(path)
     return 0
@@ -136,10 +131,41 @@ def _triage(args: argparse.Namespace) -> int:
     return 1 if uncovered or full.import_error or not full.adapters.ok else 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from specshim.runner import evaluate, export
+    from specshim.testbed import learnable
+
+    draft = args.draft
+    if (draft / "checkpoints").is_dir():  # speculators' training output: export it first
+        if args.data is None:
+            parser().error("eval of a training folder needs --data (its extraction folder)")
+        served = "served" if args.layer_shift == 1 else f"served-shift-{args.layer_shift}"
+        draft = export.export(draft, args.data, draft / served, shift=args.layer_shift)
+    prompts = (
+        [line for line in args.prompts.read_text().splitlines() if line.strip()]
+        if args.prompts
+        else list(learnable.PROMPTS)
+    )
+    result = evaluate.evaluate(
+        args.verifier,
+        str(draft),
+        prompts,
+        args.out or draft.parent / "eval",
+        k=args.k,
+        max_tokens=args.max_tokens,
+        max_model_len=args.max_model_len,
+    )
+    print(result.table())
+    return 0 if result.identical else 1
+
+
 def _run(args: argparse.Namespace) -> int:
     from specshim.runner import pipeline
 
-    return pipeline.run(args.workdir, args.max_model_len)
+    settings = pipeline.Settings(
+        args.workdir, args.max_model_len, args.verifier_seconds, args.samples, args.epochs
+    )
+    return pipeline.run(settings)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -210,9 +236,29 @@ def parser() -> argparse.ArgumentParser:
     tri.add_argument("--contracts", type=Path, default=Path("tests/contracts"))
     tri.set_defaults(handler=_triage)
 
-    run = commands.add_parser("run", help="the whole pipeline on a built-in tiny model")
+    ev = commands.add_parser("eval", help="acceptance of a draft in vLLM's EAGLE-3 decoding")
+    ev.add_argument("--verifier", required=True)
+    ev.add_argument("--draft", type=Path, required=True, help="training or exported folder")
+    ev.add_argument("--data", type=Path, default=None, help="the extraction folder (layer ids)")
+    ev.add_argument("--prompts", type=Path, default=None, help="one prompt a line")
+    ev.add_argument("--k", type=int, default=3, help="speculative tokens per step")
+    ev.add_argument("--max-tokens", type=int, default=48)
+    ev.add_argument("--max-model-len", type=int, default=256)
+    ev.add_argument(
+        "--layer-shift",
+        type=int,
+        default=1,
+        help="serving id = generator id + shift; 1 is consistent, 0 reads one layer early",
+    )
+    ev.add_argument("--out", type=Path, default=None)
+    ev.set_defaults(handler=_eval)
+
+    run = commands.add_parser("run", help="the whole pipeline on a built-in tiny verifier")
     run.add_argument("--workdir", type=Path, default=Path("runs/default"))
     run.add_argument("--max-model-len", type=int, default=256)
+    run.add_argument("--verifier-seconds", type=float, default=180.0)
+    run.add_argument("--samples", type=int, default=300)
+    run.add_argument("--epochs", type=int, default=3)
     run.set_defaults(handler=_run)
     return root
 

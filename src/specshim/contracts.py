@@ -34,6 +34,13 @@ from specshim import versions
 SCHEMA = 1
 KV_UTILS = "vllm.v1.core.kv_cache_utils"
 EXECUTOR = "vllm.v1.executor.multiproc_executor:MultiprocExecutor"
+PLANNING = "vllm.v1.core.kv_cache_planning"
+PLANNER_NAMES = (
+    "_get_kv_cache_groups_uniform_spec",
+    "get_kv_cache_config_from_groups",
+    "unify_hybrid_kv_cache_specs",
+)
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,15 @@ FACTS: tuple[Fact, ...] = (
         marker="compile_or_warm_up_model",
     ),
     *_facts("exists", ("kv_cache_layout",), f"{EXECUTOR}.set_kv_cache_layout"),
+    *_facts("signature", ("kv_cache_layout",), f"{EXECUTOR}.set_kv_cache_layout"),
+    *_facts(
+        "exists",
+        ("kv_cache_planner_moved",),
+        *(f"{PLANNING}:{name}" for name in PLANNER_NAMES),
+    ),
+    *_facts("fields", ("extensible_kv_cache_off",), "vllm.config:CacheConfig"),
+    *_facts("exists", ("worker_batch_order_v2",), f"{V2_RUNNER}.input_batch"),
+    *_facts("exists", ("worker_batch_order_v2",), V2_RUNNER),
     *_facts(
         "exists", ("kv_cache_layout",), "vllm.v1.attention.backends.utils:resolve_kv_cache_layout"
     ),
@@ -154,7 +170,17 @@ def consumer_imports(speculators_root: Path | None = None) -> list[str]:
     return sorted(set(names))
 
 
-def decisions(speculators_path: Path) -> tuple[str, dict[str, str]]:
+@dataclass(frozen=True)
+class Decisions:
+    """What every probe decided with one speculators release, and whether its generator
+    imported after ``specshim.apply()`` (``import_error`` is None when it did)."""
+
+    speculators: str
+    states: dict[str, str]
+    import_error: str | None
+
+
+def decisions(speculators_path: Path) -> Decisions:
     """Every adapter's state on this vLLM with the speculators found at ``speculators_path``.
 
     The real probes, run by ``specshim report`` in a fresh process (applying adapters and
@@ -173,7 +199,8 @@ def decisions(speculators_path: Path) -> tuple[str, dict[str, str]]:
     by_name = {item["name"]: item["version"] for item in data["installed"]}
     if by_name.get("speculators") is None:
         raise ValueError(f"{speculators_path}: expected a folder holding speculators/")
-    return by_name["speculators"], {a["name"]: a["state"] for a in data["adapters"]}
+    states = {a["name"]: a["state"] for a in data["adapters"]}
+    return Decisions(by_name["speculators"], states, data["import_error"])
 
 
 def snapshot(speculators_paths: list[Path] | None = None) -> dict[str, Any]:
@@ -185,13 +212,16 @@ def snapshot(speculators_paths: list[Path] | None = None) -> dict[str, Any]:
     roots = [path / "speculators" for path in paths] or [None]
     found = sorted({name for root in roots for name in consumer_imports(root)})
     imports = {name: _read(Fact("exists", name, ())) for name in found}
+    decided = [decisions(path) for path in paths]
     return {
         "schema": SCHEMA,
         "vllm": installed.version,
         "distribution": installed.distribution,
+        "transformers": versions.installed("transformers").version,
         "facts": facts,
         "speculators_imports": imports,
-        "decisions": dict(decisions(path) for path in paths),
+        "decisions": {d.speculators: d.states for d in decided},
+        "generator_import": {d.speculators: d.import_error for d in decided},
     }
 
 

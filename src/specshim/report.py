@@ -7,12 +7,14 @@ do in this environment, not a guess from version numbers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
 from specshim import engine, hardware, matrix, versions
+from specshim.adapters import registry
 from specshim.adapters.targets import GENERATOR, WORKER
 
 SCHEMA_VERSION = 1
@@ -58,15 +60,21 @@ class FullReport:
 
 
 def _import_consumers() -> str | None:
-    """Import speculators' generator and worker so that every probe meets the installed code."""
+    """Import speculators' generator and worker (a failure is what the user would hit, and is
+    returned), then every other module an adapter waits for that this installation has (vLLM's
+    V2 runner, speculators' checkpointer), so that every probe meets the installed code."""
     if importlib.util.find_spec("speculators") is None:
         return None
-    try:
-        importlib.import_module(GENERATOR)
-        importlib.import_module(WORKER)
-    except Exception as exc:  # the report's job is to say what broke, not to stop
-        return f"{type(exc).__name__}: {exc}"
-    return None
+    error = None
+    for name in (GENERATOR, WORKER):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # the report's job is to say what broke, not to stop
+            error = error or f"{type(exc).__name__}: {exc}"
+    for name in dict.fromkeys(m for adapter in registry.ADAPTERS for m in adapter.waits_for):
+        with contextlib.suppress(Exception):  # absent here: its adapter stays waiting
+            importlib.import_module(name)
+    return error
 
 
 def build(probe_imports: bool = True) -> FullReport:

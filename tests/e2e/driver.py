@@ -41,6 +41,17 @@ def prompts(
     return [prompt(rng.randint(4, 96)) for _ in range(count - 1)] + [prompt(MAX_MODEL_LEN + 20)]
 
 
+def in_worker(worker: object) -> dict[str, object]:
+    """Run inside each vLLM worker: which model runner it uses, what specshim applied there."""
+    import specshim
+
+    runner = type(worker.model_runner)  # type: ignore[attr-defined]
+    return {
+        "runner": f"{runner.__module__}.{runner.__qualname__}",
+        "applied": specshim.status().applied,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -78,6 +89,7 @@ def main() -> int:
                 batch_results += generator.generate(data[start : start + size])
             results[f"batch_{size}"] = batch_results
         results["applied"] = applied
+        results["workers"] = generator.executor.collective_rpc(in_worker)
     except Exception as exc:
         error = {
             "type": type(exc).__name__,

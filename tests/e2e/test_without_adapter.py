@@ -90,6 +90,30 @@ WRONG: dict[tuple[str, str], tuple[dict[str, Any], Callable[[dict[str, Any]], No
     ),
 }
 
+
+def states_differ_from_transformers(result: dict[str, Any]) -> None:
+    wrong = 0
+    for sample in result["batch_40"]:
+        model = result["model"]
+        want = harness.reference(model, sample["input_ids"], result["layer_ids"])
+        wrong += any(
+            harness.errors(got, ref)[1] < harness.MIN_COSINE
+            for got, ref in zip(sample["hidden_states"], want, strict=True)
+        )
+    assert wrong, "without the adapter some samples should get another prompt's states"
+
+
+#: With Model Runner V2 switched on (the only runner from vLLM 0.34):
+#: (speculators, adapter) -> (exception type, text), or a check that the data is wrong.
+V2_RAISES: dict[tuple[str, str], tuple[str, str]] = {
+    ("0.4.0.1", "worker_batch_order_v2"): ("RuntimeError", "has no attribute 'input_batch'"),
+    ("0.3.0", "finished_requests_reach_workers"): ("RuntimeError", "No free indices"),
+}
+V2_WRONG: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
+    # V2 sorts batch rows by token count; 0.3.0 splits states in submission order
+    ("0.3.0", "worker_batch_order_v2"): states_differ_from_transformers,
+}
+
 #: Adapters whose absence this CPU cannot show, and why.
 NOT_OBSERVABLE_ON_CPU = {
     # vLLM's CPU worker skips warm-up once a KV cache exists, so compile_or_warm_up_model does
@@ -116,6 +140,25 @@ def test_generator_returns_wrong_data_without(speculators, adapter, tiny_models)
     check(result)
 
 
+@pytest.mark.parametrize(("speculators", "adapter"), sorted(V2_RAISES))
+def test_generator_fails_on_model_runner_v2_without(speculators, adapter, tiny_models) -> None:
+    kind, text = V2_RAISES[(speculators, adapter)]
+    model = tiny_models["llama"]
+    result = harness.run(VLLM, speculators, model, exclude=(adapter,), runner_v2=True)
+    assert "error" in result, f"the generator ran without {adapter}"
+    error = result["error"]
+    assert error["type"] == kind, error["traceback"][-2000:]
+    assert text in error["message"] or text in error["traceback"]
+
+
+@pytest.mark.parametrize(("speculators", "adapter"), sorted(V2_WRONG))
+def test_model_runner_v2_returns_wrong_data_without(speculators, adapter, tiny_models) -> None:
+    model = tiny_models["llama"]
+    result = harness.run(VLLM, speculators, model, exclude=(adapter,), runner_v2=True)
+    assert "error" not in result, result.get("error", {}).get("traceback")
+    V2_WRONG[(speculators, adapter)]({**result, "model": model})
+
+
 #: Adapters for training, shown to be needed in tests/e2e/test_train.py.
 TRAINING = {"speculators_config_transformers5", "cpu_flex_attention", "checkpoint_device"}
 
@@ -123,10 +166,7 @@ TRAINING = {"speculators_config_transformers5", "cpu_flex_attention", "checkpoin
 @pytest.mark.parametrize("speculators", SPECULATORS)
 def test_every_applied_adapter_has_a_case_here(speculators, tiny_models) -> None:
     result = harness.run(VLLM, speculators, tiny_models["llama"])
-    covered = {a for s, a in (*RAISES, *WRONG) if s == speculators}
+    covered = {a for s, a in (*RAISES, *WRONG, *V2_RAISES, *V2_WRONG) if s == speculators}
     covered |= TRAINING | NOT_OBSERVABLE_ON_CPU
-    # worker_embed_input_ids applies in vLLM's worker processes, not in the driver
-    applied = set(result["applied"]) | (
-        {"worker_embed_input_ids"} if speculators == "0.3.0" else set()
-    )
+    applied = set(result["applied"]) | set(result["workers"][0]["applied"])
     assert applied | TRAINING | NOT_OBSERVABLE_ON_CPU == covered

@@ -14,6 +14,7 @@ from specshim.adapters import (
     device_memory_query,
     extensible_kv_cache_off,
     extraction_executor,
+    finished_requests_reach_workers,
     kv_cache_config,
     kv_cache_layout,
     kv_cache_planner_moved,
@@ -29,6 +30,7 @@ from specshim.adapters import (
     transformers_annotations,
     transformers_attn_mask_utils,
     warmup_split,
+    worker_batch_order_v2,
     worker_embed_input_ids,
 )
 from specshim.adapters.base import Adapter
@@ -51,6 +53,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     scheduler_block_size.ADAPTER,
     request_eos_token_id.ADAPTER,
     request_order.ADAPTER,
+    finished_requests_reach_workers.ADAPTER,  # inside request_batching: after every call
     request_batching.ADAPTER,
     # the generator's executor (a subclass only the generator uses)
     extraction_executor.ADAPTER,
@@ -60,6 +63,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     rpc_reply_shape.ADAPTER,
     # speculators' worker extension, inside vLLM's worker processes
     worker_embed_input_ids.ADAPTER,
+    worker_batch_order_v2.ADAPTER,
 )
 
 

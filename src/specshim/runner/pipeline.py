@@ -1,38 +1,66 @@
 """``specshim run``: the whole pipeline on a built-in default, from a clean directory.
 
-Builds a tiny Llama model and a small chat dataset locally, extracts hidden states through
-the real vLLM and speculators (patched by specshim), builds the draft vocabulary and trains an
-EAGLE-3 draft through speculators' trainer.
+Trains a tiny verifier worth drafting for (``testbed.learnable``: a few minutes on the CPU,
+kept in the work directory for later runs), extracts hidden states through the real vLLM and
+speculators (patched by specshim), builds the draft vocabulary, trains an EAGLE-3 draft through
+speculators' trainer, exports it with the layer ids vLLM serving needs, and ends with
+``specshim eval``: the acceptance table from vLLM's own speculative decoding.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+#: The verifier has 4 layers: the generator's default ids [2, n//2, n-3, n-1] would collapse to
+#: three distinct layers, so the pipeline names them: three auxiliary layers and the last.
+LAYERS = [0, 1, 2, 3]
+DRAFT_VOCAB = 256
 
-def run(workdir: Path, max_model_len: int = 256) -> int:
-    from specshim.runner import extract, vocab
-    from specshim.testbed import data, tiny_model
 
-    model = workdir / "model"
-    if not (model / "config.json").exists():
-        tiny_model.build(model, "llama")
-    dataset = data.write(workdir / "data.jsonl")
-    print(f"[specshim run] model {model}, data {dataset}", file=sys.stderr)
+@dataclass(frozen=True)
+class Settings:
+    workdir: Path
+    max_model_len: int = 256
+    verifier_seconds: float = 180.0
+    samples: int = 300
+    epochs: int = 3
+
+
+def say(message: str) -> None:
+    print(f"[specshim run] {message}", file=sys.stderr, flush=True)
+
+
+def run(settings: Settings) -> int:
+    from specshim.runner import evaluate, export, extract, train, vocab
+    from specshim.testbed import learnable
+
+    work = settings.workdir
+    verifier = work / "verifier"
+    if not (verifier / "config.json").exists():
+        say(f"training the verifier for up to {settings.verifier_seconds:.0f} s ({verifier})")
+        learnable.build_verifier(verifier, seconds=settings.verifier_seconds)
+    dataset = learnable.write_dataset(verifier, work / "data.jsonl", settings.samples)
+    say(f"verifier {verifier}, data {dataset}")
+    states = work / "hidden_states"
     summary = extract.extract(
-        str(model), dataset, workdir / "hidden_states", max_model_len=max_model_len
+        str(verifier), dataset, states, layers=LAYERS, max_model_len=settings.max_model_len
     )
     print(summary.text())
-    from transformers import AutoConfig
-
-    target = AutoConfig.from_pretrained(model).vocab_size
-    d2t, t2d = vocab.build(workdir / "hidden_states", min(128, target), target, workdir)
+    target = vocab.target_vocab_size(verifier)
+    d2t, t2d = vocab.build(states, min(DRAFT_VOCAB, target), target, work)
     print(f"vocabulary: {d2t}, {t2d}")
-    from specshim.runner import train
-
-    result = train.train(
-        workdir / "hidden_states", str(model), workdir / "draft", vocab=workdir, max_len=512
+    trained = train.train(states, str(verifier), work / "draft", vocab=work, epochs=settings.epochs)
+    print(trained.text())
+    served = export.export(work / "draft", states, work / "draft" / "served")
+    say(f"exported for vLLM: {served}")
+    result = evaluate.evaluate(
+        str(verifier),
+        str(served),
+        list(learnable.PROMPTS),
+        work / "eval",
+        max_model_len=settings.max_model_len,
     )
-    print(result.text())
-    return 0
+    print(result.table())
+    return 0 if result.identical else 1

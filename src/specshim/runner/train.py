@@ -149,6 +149,24 @@ def build_model(verifier: str, d2t: Any, t2d: Any, num_layers: int, ttt_steps: i
 CHECKPOINT_FILES = ("model.safetensors", "optimizer_state_dict.pt", "scheduler_state_dict.pt")
 
 
+def epochs(checkpoints: Path) -> list[Path]:
+    """The epoch directories under ``checkpoints``, in training order."""
+    return sorted((p for p in checkpoints.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def is_complete(epoch_dir: Path) -> bool:
+    """Are all of a checkpoint's files there, the last one readable?"""
+    import torch
+
+    if not all((epoch_dir / name).exists() for name in CHECKPOINT_FILES):
+        return False
+    try:
+        torch.load(epoch_dir / CHECKPOINT_FILES[-1], weights_only=True)
+    except Exception:
+        return False
+    return True
+
+
 def set_aside_incomplete(checkpoints: Path) -> list[Path]:
     """Rename epoch directories that a kill left half-written, so resuming skips them.
 
@@ -157,17 +175,9 @@ def set_aside_incomplete(checkpoints: Path) -> list[Path]:
     ``incomplete-<epoch>`` (kept for inspection, ignored by speculators) and that epoch is
     trained again.
     """
-    import torch
-
     moved = []
-    for epoch_dir in sorted(p for p in checkpoints.glob("*") if p.name.isdigit()):
-        complete = all((epoch_dir / name).exists() for name in CHECKPOINT_FILES)
-        if complete:
-            try:
-                torch.load(epoch_dir / CHECKPOINT_FILES[-1], weights_only=True)
-            except Exception:
-                complete = False
-        if not complete:
+    for epoch_dir in epochs(checkpoints):
+        if not is_complete(epoch_dir):
             target = checkpoints / f"incomplete-{epoch_dir.name}"
             while target.exists():
                 target = target.with_name(target.name + "-again")

@@ -10,6 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def target_vocab_size(model: str | Path) -> int:
+    """The verifier's vocabulary size, from its config (a multimodal model's text part)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    return getattr(config, "text_config", config).vocab_size
+
+
 def build(
     data: Path, draft_vocab_size: int, target_vocab_size: int, out: Path
 ) -> tuple[Path, Path]:

