@@ -21,14 +21,20 @@ SNAPSHOTS = sorted((ROOT / "tests" / "contracts").glob("vllm-*.json"))
 
 KV_UTILS = "vllm.v1.core.kv_cache_utils"
 #: speculators' imports that no longer resolve on a release (an adapter must cover each).
+#: the KV planner moved to kv_cache_planning (0.33): kv_cache_planner_moved covers them
+PLANNER_MOVED = frozenset(
+    f"{KV_UTILS}:{name}"
+    for name in (
+        "_get_kv_cache_groups_uniform_spec",
+        "get_kv_cache_config_from_groups",
+        "unify_hybrid_kv_cache_specs",
+    )
+)
 MISSING_IMPORTS = {
     # speculators 0.4's own floor (it pins vllm >= 0.11.1): not something to adapt
     "0.11.0": {"vllm.utils.hashing:get_hash_fn_by_name"},
-    "0.34.0": {
-        f"{KV_UTILS}:_get_kv_cache_groups_uniform_spec",
-        f"{KV_UTILS}:get_kv_cache_config_from_groups",
-        f"{KV_UTILS}:unify_hybrid_kv_cache_specs",
-    },
+    "0.33.0": PLANNER_MOVED,
+    "0.34.0": PLANNER_MOVED,
 }
 
 #: When each adapter must apply: (speculators releases, first vLLM release, condition on the
@@ -77,7 +83,7 @@ RULES: dict[str, Rule] = {
     "kv_cache_layout": (ALL, "0.29.0", always),
     "attention_block_size": (ALL, "0.29.0", cpu_build),  # MultipleOf(32)
     "kv_cache_planner_moved": (ALL, "0.33.0", always),
-    "extensible_kv_cache_off": (ALL, "0.33.0", always),
+    "extensible_kv_cache_off": (ALL, "0.34.0", always),
 }
 #: executor-level adapters go on a subclass only the generator uses
 SEAM_USERS = {"sample_tokens_split", "rpc_reply_shape", "warmup_split", "kv_cache_layout"}
@@ -148,7 +154,7 @@ def test_layout_resolution_arrives_between_0_28_and_0_32() -> None:
 
 
 def test_nearest_snapshot_for_a_nightly() -> None:
-    assert contracts.load(contracts.nearest(SNAPSHOTS, "0.33.0rc1.dev7+gabc"))["vllm"] == "0.32.0"
+    assert contracts.load(contracts.nearest(SNAPSHOTS, "0.33.1rc1.dev7+gabc"))["vllm"] == "0.33.0"
     assert contracts.load(contracts.nearest(SNAPSHOTS, "0.27.1"))["vllm"] == "0.27.0"
     assert contracts.load(contracts.nearest(SNAPSHOTS, "0.30.1"))["vllm"] == "0.29.0"
 
