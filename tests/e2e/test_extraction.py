@@ -130,9 +130,10 @@ def test_matrix_row_names_the_adapters_that_applied(vllm, speculators, tiny_mode
 
     (row,) = [r for r in matrix.load() if r.vllm == vllm and r.speculators == speculators]
     result = harness.run(vllm, speculators, tiny_models["llama"])
-    # worker_embed_input_ids applies inside vLLM's worker processes, not in the driver
-    worker = {"worker_embed_input_ids"} if speculators == "0.3.0" else set()
-    assert set(row.adapters) == set(result["applied"]) | worker
+    # the row lists what `specshim report` applies: the driver's and its vLLM workers'
+    # adapters, and checkpoint_device, which waits for training's checkpointer
+    applied = set(result["applied"]) | set(result["workers"][0]["applied"])
+    assert set(row.adapters) == applied | {"checkpoint_device"}
     assert row.verdict == "pass"
 
 

@@ -7,13 +7,16 @@ is the same for both releases). Each training runs in its own process with its s
 from __future__ import annotations
 
 import json
+import math
 import os
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import SPECULATORS, speculators_path, vllm_python
+from specshim.runner import export
 from specshim.testbed import data
 
 pytestmark = pytest.mark.vllm
@@ -139,3 +142,37 @@ def test_training_fails_without(adapter, error, extracted, tmp_path) -> None:
     result = train("0.4.0.1", extracted, tmp_path / "d", "--epochs", "1", disable=adapter)
     assert result.returncode != 0
     assert error in result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_two_processes_on_the_cpu_under_torchrun(speculators, extracted, tmp_path) -> None:
+    """`torchrun --nproc_per_node=2` on the CPU (gloo): speculators shards the draft with FSDP2
+    and saves a full checkpoint through its distributed checkpointer."""
+    verifier = json.loads((extracted / "data_config.json").read_text())["model"][
+        "target_model_path"
+    ]
+    env = {**os.environ, "PYTHONPATH": str(speculators_path(speculators))}
+    env.pop("SPECSHIM_APPLY", None)
+    cmd = [str(vllm_python("0.32.0")), "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "specshim.cli",
+           "train", "--data", str(extracted), "--verifier", verifier, "--out",
+           str(tmp_path / "draft"), "--max-len", "512", "--epochs", "2",
+           "--device", "cpu"]  # fmt: skip
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = json.loads((tmp_path / "draft" / "train_log.json").read_text())  # rank 0's
+    losses = log["losses"]
+    assert len(losses) >= 4 and all(math.isfinite(x) for x in losses), losses
+    assert sum(losses[-2:]) / 2 < losses[0], losses
+    checkpoint = export.latest_checkpoint(tmp_path / "draft")
+    assert checkpoint.name == "1"
+    from safetensors.torch import load_file
+
+    weights = load_file(checkpoint / "model.safetensors")  # gathered, not one rank's shard
+    assert weights["layers.0.self_attn.q_proj.weight"].shape == (128, 256)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import specshim
-from specshim.runner import files
+from specshim.runner import distributed, files
 
 #: What speculators' training reads (speculators/train/data.py, standardize_data_v1).
 AUX_LAYERS = 3
@@ -186,14 +186,18 @@ def set_aside_incomplete(checkpoints: Path) -> list[Path]:
     return moved
 
 
-def _loader(files: list[str], max_len: int, seed: int, dtype: Any) -> Any:
+def _loader(files: list[str], max_len: int, seed: int, dtype: Any, world: distributed.World) -> Any:
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from torch.utils.data import DataLoader
 
     dataset = Eagle3SampleFileDataset(max_len=max_len, file_list=files, hidden_states_dtype=dtype)
     sampler = MultipackDistributedBatchSamplerV2(
-        batch_max_length=max_len, lengths=dataset.approx_lengths, num_replicas=1, rank=0, seed=seed
+        batch_max_length=max_len,
+        lengths=dataset.approx_lengths,
+        num_replicas=world.size,
+        rank=world.rank,
+        seed=seed,
     )
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=create_collate_fn(max_len))
 
@@ -246,14 +250,15 @@ def train(
             print(f"[specshim train] set aside a half-written checkpoint: {path}")
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    world = distributed.start(device)
     options = dict(
         lr=lr,
         num_epochs=epochs,
         save_path=str(out / "checkpoints"),
         resume_from_checkpoint=resume,
-        is_distributed=False,
+        is_distributed=world.size > 1,
         # speculators moves the model and each batch with .to(local_rank): a device works too
-        local_rank=0 if device == "cuda" else torch.device(device),
+        local_rank=world.local_rank if device == "cuda" else torch.device(device),
         train_call_kwargs={"use_off_policy_tokens": False, "ttt_steps": ttt_steps},
         val_call_kwargs={"use_off_policy_tokens": False, "ttt_steps": ttt_steps},
     )
@@ -265,10 +270,12 @@ def train(
     metric_logger.setLevel(logging.INFO)
     started = time.perf_counter()
     try:
-        trainer = Trainer(model, config, _loader(data_files, max_len, seed, torch_dtype), None)
+        loader = _loader(data_files, max_len, seed, torch_dtype, world)
+        trainer = distributed.trainer_class(Trainer, device)(model, config, loader, None)
         trainer.run_training()
     finally:
         metric_logger.removeHandler(collector)
+        world.stop()
     result = TrainResult(
         losses=collector.losses,
         steps=len(collector.losses),
@@ -277,5 +284,6 @@ def train(
         step_seconds=[b - a for a, b in zip(collector.times, collector.times[1:], strict=False)],
         tokens_per_step=max_len,
     )
-    files.save_json(out / "train_log.json", result.to_dict())
+    if world.rank == 0:
+        files.save_json(out / "train_log.json", result.to_dict())
     return result
