@@ -22,9 +22,14 @@ from specshim.testbed import data
 pytestmark = pytest.mark.vllm
 
 
-def specshim(speculators: str, *args: str, disable: str = "") -> subprocess.CompletedProcess:
+def speculators_env(speculators: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(speculators_path(speculators))}
     env.pop("SPECSHIM_APPLY", None)
+    return env
+
+
+def specshim(speculators: str, *args: str, disable: str = "") -> subprocess.CompletedProcess:
+    env = speculators_env(speculators)
     if disable:
         env["SPECSHIM_DISABLE"] = disable
     cmd = [str(vllm_python("0.32.0")), "-m", "specshim.cli", *args]
@@ -46,12 +51,17 @@ def extracted(tiny_models, tmp_path_factory) -> Path:
     return out
 
 
-def train(speculators: str, extracted: Path, out: Path, *extra: str, disable: str = ""):
+def train_args(extracted: Path, out: Path) -> list[str]:
+    """`specshim train` arguments for the extracted data and its verifier."""
     verifier = json.loads((extracted / "data_config.json").read_text())["model"][
         "target_model_path"
     ]
-    return specshim(speculators, "train", "--data", str(extracted), "--verifier", verifier,
-                    "--out", str(out), "--max-len", "512", *extra, disable=disable)  # fmt: skip
+    return ["train", "--data", str(extracted), "--verifier", verifier, "--out", str(out),
+            "--max-len", "512"]  # fmt: skip
+
+
+def train(speculators: str, extracted: Path, out: Path, *extra: str, disable: str = ""):
+    return specshim(speculators, *train_args(extracted, out), *extra, disable=disable)
 
 
 @pytest.mark.parametrize("speculators", SPECULATORS)
@@ -77,15 +87,9 @@ def test_resume_continues_from_the_last_checkpoint(extracted, tmp_path) -> None:
 
 
 def train_command(extracted: Path, out: Path, epochs: int) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, "PYTHONPATH": str(speculators_path("0.4.0.1"))}
-    env.pop("SPECSHIM_APPLY", None)
-    verifier = json.loads((extracted / "data_config.json").read_text())["model"][
-        "target_model_path"
-    ]
-    cmd = [str(vllm_python("0.32.0")), "-m", "specshim.cli", "train", "--data",
-           str(extracted), "--verifier", verifier, "--out", str(out), "--max-len", "512",
+    cmd = [str(vllm_python("0.32.0")), "-m", "specshim.cli", *train_args(extracted, out),
            "--epochs", str(epochs)]  # fmt: skip
-    return cmd, env
+    return cmd, speculators_env("0.4.0.1")
 
 
 def kill_after_first_checkpoint(cmd: list[str], env: dict[str, str], out: Path) -> list[int]:
@@ -169,16 +173,11 @@ def free_port() -> int:
 def test_two_processes_on_the_cpu_under_torchrun(speculators, extracted, tmp_path) -> None:
     """`torchrun --nproc_per_node=2` on the CPU (gloo): speculators shards the draft with FSDP2
     and saves a full checkpoint through its distributed checkpointer."""
-    verifier = json.loads((extracted / "data_config.json").read_text())["model"][
-        "target_model_path"
-    ]
-    env = {**os.environ, "PYTHONPATH": str(speculators_path(speculators))}
-    env.pop("SPECSHIM_APPLY", None)
     cmd = [str(vllm_python("0.32.0")), "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "specshim.cli",
-           "train", "--data", str(extracted), "--verifier", verifier, "--out",
-           str(tmp_path / "draft"), "--max-len", "512", "--epochs", "2",
+           *train_args(extracted, tmp_path / "draft"), "--epochs", "2",
            "--device", "cpu"]  # fmt: skip
+    env = speculators_env(speculators)
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     log = json.loads((tmp_path / "draft" / "train_log.json").read_text())  # rank 0's
