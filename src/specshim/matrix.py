@@ -36,6 +36,8 @@ class Row:
     adapters: tuple[str, ...] = ()
     error: str | None = None
     note: str | None = None
+    #: a release inside the speculators version's own range: no adapter for a vLLM change
+    control: bool = False
 
     def label(self) -> str:
         return f"{self.distribution} {self.vllm} + speculators {self.speculators}"
@@ -70,8 +72,9 @@ def _row(index: int, raw: Any) -> Row:
         raise ValueError(
             f"compat_matrix.yaml row {index}: level must be one of {LEVELS}, got {raw['level']!r}"
         )
-    fields = {k: (str(v) if v is not None and k != "adapters" else v) for k, v in raw.items()}
+    fields = {k: (str(v) if v is not None else v) for k, v in raw.items()}
     fields["adapters"] = tuple(raw.get("adapters") or ())
+    fields["control"] = raw.get("control") is True
     versions.parse(fields["vllm"])
     versions.parse(fields["speculators"])
     return Row(**fields)

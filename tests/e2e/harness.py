@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -53,6 +54,8 @@ def run(
             ),
         )
     )
+    if len(name) > 200:  # many adapters excluded: keep the file name under the OS limit
+        name = f"{vllm}-{speculators}-{hashlib.sha1(name.encode()).hexdigest()[:16]}"
     out = OUT / f"{name.replace(',', '_')}.pt"
     for stale in (out, Path(f"{out}.error.json")):
         stale.unlink(missing_ok=True)
@@ -128,3 +131,19 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
     relative = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     cosine = torch.nn.functional.cosine_similarity(got, want, dim=-1).min().item()
     return relative, cosine
+
+
+def assert_matches_transformers(
+    model: Path, result: dict[str, Any], key: str, samples: slice | list[int] = slice(None)
+) -> None:
+    """Every layer of the chosen samples of ``result[key]`` within bf16 noise of transformers."""
+    chosen = (
+        result[key][samples] if isinstance(samples, slice) else [result[key][i] for i in samples]
+    )
+    for n, sample in enumerate(chosen):
+        want = reference(model, sample["input_ids"], result["layer_ids"])
+        for layer, got, ref in zip(result["layer_ids"], sample["hidden_states"], want, strict=True):
+            relative, cosine = errors(got, ref)
+            where = f"{key}, sample {n}, layer {layer}"
+            assert relative < MAX_RELATIVE_ERROR, f"{where}: relative error {relative:.3f}"
+            assert cosine > MIN_COSINE, f"{where}: cosine {cosine:.5f}"
