@@ -14,10 +14,10 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from common import run_worker, save_results
 
 MIXES = {"short": (8, 32), "mixed": (8, 250), "long": (200, 250)}
 PROMPTS = 64
@@ -82,17 +82,6 @@ def prompts(mix: str, vocab: int = 384, seed: int = 0) -> list[list[int]]:
     ]
 
 
-def run(mode: str, model: str, prompt_file: Path, script: Path) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, str(script), mode, model, str(prompt_file), str(MAX_MODEL_LEN)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"{mode} failed:\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1][7:])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
@@ -112,13 +101,20 @@ def main() -> None:
     samples: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     for _ in range(args.runs):
         for mode in MODES:
-            samples[mode].append(run(mode, model, prompt_file, script))
+            found = run_worker(script, mode, model, str(prompt_file), str(MAX_MODEL_LEN))
+            samples[mode].append(found)
     print(f"{'mix':<8}{'path':<16}{'tokens/s (median)':>20}{'vs vLLM prefill':>18}")
+    table = {}
     for mix in MIXES:
         rates = {m: statistics.median(s[mix] for s in samples[m]) for m in MODES}
+        table[mix] = {
+            m: {"tokens_per_second": r, "ratio": r / rates["vllm_prefill"]}
+            for m, r in rates.items()
+        }
         for mode in MODES:
             ratio = rates[mode] / rates["vllm_prefill"]
             print(f"{mix:<8}{mode:<16}{rates[mode]:>20,.0f}{ratio:>18.3f}")
+    save_results("extraction", table)
 
 
 if __name__ == "__main__":

@@ -27,3 +27,34 @@ def test_write_replaces_whole_file_and_partials_are_cleaned(tmp_path: Path) -> N
     (tmp_path / ".data_3.pt.abc.tmp").write_bytes(b"partial")
     assert files.remove_partials(tmp_path) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_background_writer_writes_every_record_whole(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    records = {tmp_path / f"data_{i}.pt": {"x": torch.full((100,), i)} for i in range(40)}
+    with files.BackgroundWriter(depth=4) as writer:
+        for path, record in records.items():
+            writer.submit(path, record)
+    for path, record in records.items():
+        assert torch.equal(torch.load(path)["x"], record["x"])
+    assert files.remove_partials(tmp_path) == 0
+
+
+def test_background_writer_raises_the_failed_write(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    writer = files.BackgroundWriter()
+    writer.submit(tmp_path / "x.pt", {"unpicklable": lambda: None})
+    with pytest.raises(RuntimeError, match="writing extracted samples failed"):
+        writer.close()
+    assert list(tmp_path.iterdir()) == []  # neither the file nor a temporary
+
+
+def test_background_writer_finishes_handed_over_writes_when_the_caller_fails(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    with pytest.raises(KeyError), files.BackgroundWriter() as writer:
+        for i in range(10):
+            writer.submit(tmp_path / f"data_{i}.pt", {"i": i})
+        raise KeyError("the generator failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"data_{i}.pt" for i in range(10))

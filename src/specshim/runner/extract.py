@@ -131,15 +131,16 @@ def extract(
     todo = [s for s in samples if not (out / f"data_{s.index}.pt").exists()]
     bar = Progress(total=len(todo))
     if todo:
-        with _generator(model, layers, max_model_len, tensor_parallel_size) as generator:
+        with (
+            _generator(model, layers, max_model_len, tensor_parallel_size) as generator,
+            files.BackgroundWriter(depth=2 * batch_size) as writer,
+        ):
             bar = Progress(total=len(todo))
             for start in range(0, len(todo), batch_size):
                 batch = todo[start : start + batch_size]
                 results = generator.generate([s.input_ids for s in batch])
                 for sample, result in zip(batch, results, strict=True):
-                    files.save_torch(
-                        out / f"data_{sample.index}.pt", _record(result, sample, limit)
-                    )
+                    writer.submit(out / f"data_{sample.index}.pt", _record(result, sample, limit))
                 if progress:
                     bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
             if progress:

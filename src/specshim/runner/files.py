@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any, BinaryIO
 
 
@@ -41,3 +44,57 @@ def remove_partials(directory: Path) -> int:
     for path in stale:
         path.unlink()
     return len(stale)
+
+
+class BackgroundWriter:
+    """``save_torch`` on one background thread, so that writing (fsync included, two thirds
+    of a write's time) overlaps the next batch's extraction.
+
+    At most ``depth`` records wait to be written, which bounds memory. The first failed write
+    is raised by the next ``submit`` or by ``close``; ``close`` (also on leaving a ``with``
+    block, even by an exception) waits for every submitted write, so whatever was handed over
+    is on disk, complete, before the caller goes on.
+    """
+
+    def __init__(self, depth: int = 32) -> None:
+        self._queue: queue.Queue[tuple[Path, Any] | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="specshim-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    save_torch(*item)
+                except BaseException as exc:  # handed to the caller's thread
+                    self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"writing extracted samples failed: {self._error}") from self._error
+
+    def submit(self, path: Path, obj: Any) -> None:
+        self._raise()
+        self._queue.put((path, obj))
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._raise()
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            self.close()
+        else:  # the caller's own error wins; still finish what was handed over
+            self._queue.put(None)
+            self._thread.join()
