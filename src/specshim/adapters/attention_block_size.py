@@ -69,7 +69,7 @@ def _cpu_kernel_block_sizes() -> list[Any] | None:
     declared = declared_block_sizes(text) if text is not None else None
     if declared is not None:
         return declared
-    backend = module(CPU_BACKEND).CPUAttentionBackend
+    backend = getattr(module(CPU_BACKEND), "CPUAttentionBackend", None)  # 0.11: TorchSDPA...
     if not hasattr(backend, DECLARATION):
         return None
     return list(getattr(backend, DECLARATION)())
