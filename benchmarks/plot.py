@@ -1,0 +1,96 @@
+"""Draw docs/benchmarks.png from the figures the benchmark scripts saved in docs/benchmarks/.
+
+.venv/bin/python benchmarks/plot.py      (needs the `bench` extra: matplotlib)
+"""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from common import RESULTS
+
+OUT = RESULTS.parent / "benchmarks.png"
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def extraction_panel(ax: plt.Axes, table: dict) -> None:
+    mixes = list(table)
+    paths = list(next(iter(table.values())))
+    width = 0.8 / len(paths)
+    for i, path in enumerate(paths):
+        ratios = [table[mix][path]["ratio"] for mix in mixes]
+        ax.bar([m + i * width for m in range(len(mixes))], ratios, width, label=path)
+    ax.axhline(0.9, color="grey", linestyle="--", linewidth=1, label="goal 0.9")
+    ax.set_xticks([m + width * (len(paths) - 1) / 2 for m in range(len(mixes))], mixes)
+    ax.set_ylabel("tokens/s vs vLLM prefill")
+    ax.set_title("Extraction throughput (tiny Llama, CPU)")
+    ax.legend(fontsize=7)
+
+
+def scaling_panel(ax: plt.Axes, table: dict) -> None:
+    for tp, by_size in table.items():
+        sizes = sorted(by_size, key=int)
+        ax.plot(
+            [int(n) for n in sizes],
+            [by_size[n]["peak_rss_mib"] for n in sizes],
+            marker="o",
+            label=f"extracting process, TP {tp}",
+        )
+        ax.plot(
+            [int(n) for n in sizes],
+            [by_size[n]["worker_peak_rss_mib"] for n in sizes],
+            marker="s",
+            linestyle=":",
+            label=f"largest vLLM worker, TP {tp}",
+        )
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("samples extracted")
+    ax.set_ylabel("peak RSS (MiB)")
+    ax.set_title("Memory as the dataset grows")
+    ax.legend(fontsize=7)
+
+
+def output_panel(ax: plt.Axes, table: dict) -> None:
+    shapes = list(table)
+    paths = list(next(iter(table.values())))
+    width = 0.8 / len(paths)
+    for i, path in enumerate(paths):
+        rates = [table[shape][path]["megabytes_per_second"] for shape in shapes]
+        ax.bar([s + i * width for s in range(len(shapes))], rates, width, label=path)
+    ax.set_xticks([s + width / 2 for s in range(len(shapes))], shapes, fontsize=7)
+    ax.set_ylabel("MB/s written")
+    ax.set_title("Writing one sample")
+    ax.legend(fontsize=7)
+
+
+def main() -> None:
+    panels = [
+        (name, draw, data)
+        for name, draw in (
+            ("extraction", extraction_panel),
+            ("scaling", scaling_panel),
+            ("output", output_panel),
+        )
+        if (data := load(name)) is not None
+    ]
+    if not panels:
+        raise SystemExit(f"no results in {RESULTS}: run the benchmark scripts first")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2))
+    for ax, (_, draw, data) in zip([axes] if len(panels) == 1 else axes, panels, strict=True):
+        draw(ax, data)
+    fig.tight_layout()
+    fig.savefig(OUT, dpi=110)
+    print(f"wrote {OUT} ({', '.join(name for name, _, _ in panels)})")
+
+
+if __name__ == "__main__":
+    main()
