@@ -21,15 +21,22 @@ def load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def extraction_panel(ax: plt.Axes, table: dict) -> None:
-    mixes = list(table)
+def grouped_bars(ax: plt.Axes, table: dict, value: str) -> None:
+    """One group of bars per row of ``table`` ({group: {path: {value: x}}}), one bar per path."""
+    groups = list(table)
     paths = list(next(iter(table.values())))
     width = 0.8 / len(paths)
     for i, path in enumerate(paths):
-        ratios = [table[mix][path]["ratio"] for mix in mixes]
-        ax.bar([m + i * width for m in range(len(mixes))], ratios, width, label=path)
+        heights = [table[group][path][value] for group in groups]
+        ax.bar([g + i * width for g in range(len(groups))], heights, width, label=path)
+    ax.set_xticks(
+        [g + width * (len(paths) - 1) / 2 for g in range(len(groups))], groups, fontsize=7
+    )
+
+
+def extraction_panel(ax: plt.Axes, table: dict) -> None:
+    grouped_bars(ax, table, "ratio")
     ax.axhline(0.9, color="grey", linestyle="--", linewidth=1, label="goal 0.9")
-    ax.set_xticks([m + width * (len(paths) - 1) / 2 for m in range(len(mixes))], mixes)
     ax.set_ylabel("tokens/s vs vLLM prefill")
     ax.set_title("Extraction throughput (tiny Llama, CPU)")
     ax.legend(fontsize=7)
@@ -60,13 +67,7 @@ def scaling_panel(ax: plt.Axes, table: dict) -> None:
 
 
 def output_panel(ax: plt.Axes, table: dict) -> None:
-    shapes = list(table)
-    paths = list(next(iter(table.values())))
-    width = 0.8 / len(paths)
-    for i, path in enumerate(paths):
-        rates = [table[shape][path]["megabytes_per_second"] for shape in shapes]
-        ax.bar([s + i * width for s in range(len(shapes))], rates, width, label=path)
-    ax.set_xticks([s + width / 2 for s in range(len(shapes))], shapes, fontsize=7)
+    grouped_bars(ax, table, "megabytes_per_second")
     ax.set_ylabel("MB/s written")
     ax.set_title("Writing one sample")
     ax.legend(fontsize=7)
