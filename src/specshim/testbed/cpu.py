@@ -7,7 +7,12 @@ engine core starts in about 5 s instead of 17 s.
 
 from __future__ import annotations
 
+import ast
+import ctypes.util
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 CPU_ENVIRONMENT = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB for the KV cache
@@ -24,8 +29,33 @@ def configure(environ: dict[str, str] | None = None) -> dict[str, str]:
     """Set the CPU settings that the user has not set already; return what was set."""
     env = os.environ if environ is None else environ
     chosen = {k: v for k, v in CPU_ENVIRONMENT.items() if k not in env}
+    preload = required_preload()
+    if preload and "LD_PRELOAD" not in env:
+        chosen["LD_PRELOAD"] = preload
     env.update(chosen)
     return chosen
+
+
+def required_preload() -> str | None:
+    """``LD_PRELOAD`` for vLLM CPU workers that refuse to start without it, when found here.
+
+    vllm-cpu 0.18's worker (not 0.16's; 0.20 and later only warn) refuses to start unless
+    libtcmalloc and libiomp are preloaded ("libtcmalloc is not found in LD_PRELOAD"), as vLLM's
+    CPU install guide asks. Workers are spawned with this process's environment, so setting it
+    here preloads them there. tcmalloc comes from
+    the system (Debian: libtcmalloc-minimal4), libiomp5 from the intel-openmp wheel.
+    """
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    worker = Path(next(iter(spec.submodule_search_locations))) / "v1" / "worker" / "cpu_worker.py"
+    if not worker.is_file() or not _refuses_without_preload(worker.read_text(encoding="utf-8")):
+        return None
+    tcmalloc = ctypes.util.find_library("tcmalloc") or ctypes.util.find_library("tcmalloc_minimal")
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if tcmalloc is None or not iomp.is_file():
+        return None
+    return f"{tcmalloc}:{iomp}"
 
 
 def bind_threads(tensor_parallel_size: int, environ: dict[str, str] | None = None) -> str | None:
@@ -49,3 +79,11 @@ def bind_threads(tensor_parallel_size: int, environ: dict[str, str] | None = Non
     binding = "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
     env["VLLM_CPU_OMP_THREADS_BIND"] = binding
     return binding
+
+
+def _refuses_without_preload(source: str) -> bool:
+    """Does the worker's ``check_preloaded_libs`` raise (rather than warn)?"""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == "check_preloaded_libs":
+            return any(isinstance(inner, ast.Raise) for inner in ast.walk(node))
+    return False
