@@ -75,8 +75,8 @@ RULES: dict[str, Rule] = {
     "sample_tokens_split": (OLD, "0.11.1", always),
     "rpc_reply_shape": (OLD, "0.11.1", always),
     "worker_embed_input_ids": (OLD, "0.11.1", always),
-    "kv_cache_config": (OLD, "0.16.0", always),  # after 0.11.1, by 0.16.0
-    "scheduler_config_encoder_decoder": (OLD, "0.16.0", always),
+    "kv_cache_config": (OLD, "0.12.0", always),  # kv_cache_specs dropped in 0.12.0
+    "scheduler_config_encoder_decoder": (OLD, "0.12.0", always),  # required from 0.12.0
     "device_memory_query": (ALL, "0.16.0", cpu_build),
     "request_eos_token_id": (ALL, "0.17.0", always),
     "warmup_split": (ALL, "0.27.0", always),

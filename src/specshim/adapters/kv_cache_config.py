@@ -1,7 +1,7 @@
 """Call ``get_kv_cache_config_from_groups`` without the ``kv_cache_specs`` it no longer takes.
 
-vLLM dropped the ``kv_cache_specs`` argument after 0.11.1 (the recorded snapshots: 0.11.1 still
-takes it, 0.16.0 does not; the groups carry the specs); speculators
+vLLM dropped the ``kv_cache_specs`` argument in 0.12.0 (the recorded snapshots: 0.11.1 still
+takes it, 0.12.0 does not; the groups carry the specs); speculators
 0.3.0 still passes it and fails with ``TypeError: get_kv_cache_config_from_groups() got an
 unexpected keyword argument 'kv_cache_specs'``. The wrapper drops exactly that argument when
 the installed function does not declare it. (The fields vLLM 0.29+ and 0.32 add to
@@ -45,8 +45,8 @@ ADAPTER = Adapter(
     name="kv_cache_config",
     targets=(f"{GENERATOR}.get_kv_cache_config_from_groups",),
     waits_for=(GENERATOR,),
-    why="get_kv_cache_config_from_groups lost its kv_cache_specs argument (0.11.1 < v <= 0.16)",
-    upstream="vLLM 0.16.0 vllm/v1/core/kv_cache_utils.py (3-argument form); "
+    why="get_kv_cache_config_from_groups lost its kv_cache_specs argument (vLLM 0.12.0)",
+    upstream="vLLM 0.12.0 vllm/v1/core/kv_cache_utils.py (3-argument form); "
     "research/vllm_internals.md section 1",
     remove_when="speculators 0.3.0 is no longer supported (0.4 passes the 3-argument form)",
     probe=probe,

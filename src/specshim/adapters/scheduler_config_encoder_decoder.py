@@ -1,7 +1,7 @@
 """Tell ``SchedulerConfig`` the model is not an encoder-decoder (required after 0.11.1).
 
 ``SchedulerConfig`` gained an init-only field ``is_encoder_decoder`` in 0.11.1 that became
-required by 0.16.0 (the recorded snapshots: 0.11.1 has a default); speculators 0.3.0
+required in 0.12.0 (the recorded snapshots: 0.11.1 has a default, 0.12.0 none); speculators 0.3.0
 builds the config without it and pydantic rejects it (``is_encoder_decoder Field required``).
 speculators 0.4 passes ``False``; so does this wrapper, unless the caller passed a value.
 The generator only supports decoder-only models (it patches ``model.model.layers``).
@@ -57,8 +57,8 @@ ADAPTER = Adapter(
     name="scheduler_config_encoder_decoder",
     targets=(f"{GENERATOR}.SchedulerConfig",),
     waits_for=(GENERATOR,),
-    why="SchedulerConfig requires is_encoder_decoder (by vLLM 0.16); speculators 0.3.0 omits it",
-    upstream="vLLM 0.16.0 vllm/config/scheduler.py (is_encoder_decoder: InitVar[bool])",
+    why="SchedulerConfig requires is_encoder_decoder (vLLM 0.12); speculators 0.3.0 omits it",
+    upstream="vLLM 0.12.0 vllm/config/scheduler.py (is_encoder_decoder: InitVar[bool])",
     remove_when="speculators 0.3.0 is no longer supported",
     probe=probe,
     patches=patches,

@@ -57,6 +57,7 @@ ENVIRONMENTS = {
         Environment("0.24.0", ".venv-0.24", "5.19.0"),
         Environment("0.20.0", ".venv-0.20", "4.57.6"),
         Environment("0.18.0", ".venv-0.18", "4.57.6"),
+        Environment("0.17.0", ".venv-0.17", "4.57.6"),
         Environment("0.16.0", ".venv-0.16", "4.57.6"),
         Environment("0.12.0", ".venv-0.12", "4.57.6"),
         Environment("0.11.0", ".venv-0.11", "4.57.6"),
