@@ -129,22 +129,20 @@ def extract(
         {"model": str(model), "data": str(data), "layers": layers, "max_model_len": max_model_len},
     )
     todo = [s for s in samples if not (out / f"data_{s.index}.pt").exists()]
-    bar = Progress(total=len(todo))
+    bar = Progress(total=len(todo), visible=progress)
     if todo:
         with (
             _generator(model, layers, max_model_len, tensor_parallel_size) as generator,
             files.BackgroundWriter(depth=2 * batch_size) as writer,
         ):
-            bar = Progress(total=len(todo))
+            bar = Progress(total=len(todo), visible=progress)  # timed from the engine's start
             for start in range(0, len(todo), batch_size):
                 batch = todo[start : start + batch_size]
                 results = generator.generate([s.input_ids for s in batch])
                 for sample, result in zip(batch, results, strict=True):
                     writer.submit(out / f"data_{sample.index}.pt", _record(result, sample, limit))
-                if progress:
-                    bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
-            if progress:
-                bar.finish()
+                bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
+            bar.finish()
             _save_data_config(generator, out, data, max_model_len, len(samples))
     files.save_torch(out / "token_freq.pt", _token_freq(samples, limit))
     files.save_json(

@@ -13,6 +13,7 @@ class Progress:
     total: int
     label: str = "extract"
     stream: TextIO = sys.stderr
+    visible: bool = True  # counts either way; draws only when visible
     done: int = 0
     tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -20,8 +21,9 @@ class Progress:
     def update(self, samples: int, tokens: int) -> None:
         self.done += samples
         self.tokens += tokens
-        self.stream.write(f"\r[{self.label}] {self.line()}")
-        self.stream.flush()
+        if self.visible:
+            self.stream.write(f"\r[{self.label}] {self.line()}")
+            self.stream.flush()
 
     @property
     def elapsed(self) -> float:
@@ -40,5 +42,6 @@ class Progress:
         )
 
     def finish(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
+        if self.visible:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,24 @@
+"""Progress counts whether or not it draws: the summary's throughput depends on it."""
+
+import io
+
+from specshim.runner.progress import Progress
+
+
+def test_hidden_progress_still_counts_tokens() -> None:
+    stream = io.StringIO()
+    bar = Progress(total=4, stream=stream, visible=False)
+    bar.update(2, 300)
+    bar.finish()
+    assert (bar.done, bar.tokens) == (2, 300)
+    assert bar.tokens_per_second > 0
+    assert stream.getvalue() == ""
+
+
+def test_visible_progress_draws_one_line_then_ends_it() -> None:
+    stream = io.StringIO()
+    bar = Progress(total=4, stream=stream)
+    bar.update(1, 50)
+    bar.finish()
+    assert stream.getvalue().startswith("\r[extract] 1/4 samples")
+    assert stream.getvalue().endswith("\n")
