@@ -226,7 +226,7 @@ def train(
     data_files = sorted(str(p) for p in data.glob("data_*.pt"))
     if not data_files:
         raise FileNotFoundError(f"no data_*.pt in {data}: run `specshim extract` first")
-    first = torch.load(data_files[0], weights_only=True)
+    first = torch.load(data_files[0], weights_only=True, mmap=True)  # the layer count only
     if len(first["hidden_states"]) != AUX_LAYERS + 1:
         raise ValueError(
             f"{data_files[0]} holds {len(first['hidden_states'])} layers; EAGLE-3 training reads "
