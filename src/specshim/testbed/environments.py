@@ -60,6 +60,7 @@ ENVIRONMENTS = {
         Environment("0.17.0", ".venv-0.17", "4.57.6"),
         Environment("0.16.0", ".venv-0.16", "4.57.6"),
         Environment("0.12.0", ".venv-0.12", "4.57.6"),
+        Environment("0.11.1", ".venv-0.11.1", "4.57.6"),
         Environment("0.11.0", ".venv-0.11", "4.57.6"),
     )
 }
