@@ -110,7 +110,8 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         pair = f"{row['vllm']}-{row['speculators']}"
         nodes = [t.format(pair=pair, speculators=row["speculators"]) for t in tests]
         command = [str(environment.python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        done = run([*command, *nodes], SPECSHIM_VLLM=row["vllm"])
+        # a wide "terminal", so that pytest's summary line keeps the failure's message
+        done = run([*command, *nodes], SPECSHIM_VLLM=row["vllm"], COLUMNS="500")
         if done.returncode != 0:
             failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
             line = (failed or done.stdout.splitlines()[-1:] or ["?"])[0]
