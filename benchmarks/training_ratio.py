@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--verifier", required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=4)  # even: ABBA order balances
     parser.add_argument("--max-len", type=int, default=2048)
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()

@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.requirements import Requirement
 from packaging.version import Version
 
+from specshim import versions
 from specshim.testbed import environments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +85,26 @@ def installed_note(torch: str) -> str | None:
     )
 
 
+def below_range_note(vllm: str, speculators: str) -> str | None:
+    """Name speculators' own vLLM range when a row's release is older than all of it.
+
+    specshim adapts speculators to vLLM releases newer than it was written for; a failure below
+    its range (speculators 0.4 calls the 0.12 KV-cache API) is expected, and the row says so.
+    """
+    for metadata in (ROOT / ".spec" / speculators).glob("speculators-*.dist-info/METADATA"):
+        for line in metadata.read_text().splitlines():
+            if not line.startswith("Requires-Dist: vllm"):
+                continue
+            specifier = Requirement(line.removeprefix("Requires-Dist: ")).specifier
+            lowest = [Version(s.version) for s in specifier if s.operator in (">=", ">", "==")]
+            if lowest and versions.base(vllm) < min(lowest):
+                return (
+                    f"older than speculators {speculators}'s own vLLM range ({specifier}): "
+                    "specshim adapts speculators to newer vLLM releases, not older ones"
+                )
+    return None
+
+
 def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
     environment = environments.ENVIRONMENTS[row["vllm"]]
     setup = run(
@@ -97,7 +119,8 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         "torch": installed["torch"],
         "transformers": installed["transformers"],
         "adapters": environments.applied(report),
-        "note": installed_note(installed["torch"]),
+        "note": "; ".join(filter(None, (environment.note, installed_note(installed["torch"]))))
+        or None,
     }
     if report["import_error"]:
         return {**found, "verdict": "fail", "level": "import", "error": report["import_error"]}
@@ -145,6 +168,8 @@ def measure(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
     else:
         found = measure_unpacked(row, recorded)
         found["adapters"] = applied(row["vllm"], row["speculators"])
+    notes = (below_range_note(row["vllm"], row["speculators"]), found.get("note"))
+    found["note"] = "; ".join(filter(None, notes)) or None
     result = {**row, **found, "measured": datetime.date.today().isoformat()}
     return {k: v for k, v in result.items() if v is not None}
 

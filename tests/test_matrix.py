@@ -84,3 +84,25 @@ def test_every_adapter_named_in_the_matrix_exists() -> None:
 
     named = {a for row in matrix.load() for a in row.adapters}
     assert named <= set(registry.names()), named - set(registry.names())
+
+
+@pytest.mark.parametrize(
+    ("vllm", "speculators", "below"),
+    [
+        ("0.11.1.post2", "0.4.0.1", True),  # 0.4.0.1 asks for vllm>=0.12.0,<=0.16.0
+        ("0.12.0", "0.4.0.1", False),
+        ("0.32.0", "0.4.0.1", False),  # newer than the range: what specshim is for
+        ("0.11.0", "0.3.0", False),  # 0.3.0 pins vllm==0.11.0
+    ],
+)
+def test_a_row_below_speculators_own_range_says_so(vllm, speculators, below, monkeypatch) -> None:
+    from conftest import speculators_path
+
+    speculators_path(speculators)  # its METADATA holds the range
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import run_matrix
+
+    note = run_matrix.below_range_note(vllm, speculators)
+    assert (note is not None) is below
+    if below:
+        assert note.startswith(f"older than speculators {speculators}'s own vLLM range (")

