@@ -37,8 +37,9 @@ def render(rows: list[matrix.Row]) -> str:
             f"{r.transformers or '?'} | "
             f"{r.torch or '?'} | {r.verdict} | {r.level} | {r.measured} | {adapters} |"
         )
-        if r.error:
-            lines.append(f"|  | first error: `{r.error}` | | | | | | |")
+        if r.error:  # a failed row says why, and what its note knows about the failure
+            note = f"; {r.note}" if r.note else ""
+            lines.append(f"|  | first error: `{r.error}`{note} | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
