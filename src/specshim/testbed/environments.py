@@ -51,6 +51,8 @@ ENVIRONMENTS = {
     for e in (
         Environment("0.32.0", ".venv", "5.19.0", ci=True),
         Environment("0.28.0", ".venv-0.28", "5.24.0", ci=True),
+        Environment("0.31.0", ".venv-0.31", "5.17.0"),  # transformers<5.18
+        Environment("0.30.0", ".venv-0.30", "5.19.0"),
         Environment("0.29.0", ".venv-0.29", "5.19.0"),
         Environment("0.27.0", ".venv-0.27", "5.19.0"),
         Environment("0.24.0", ".venv-0.24", "5.19.0"),
