@@ -88,22 +88,6 @@ def through_specshim(args: Any, out: Path) -> float:
 PATHS: dict[str, TrainingPath] = {"direct": direct, "specshim": through_specshim}
 
 
-class StepClock(logging.Handler):
-    """When each training step's metrics were logged (after speculators' ``.item()`` sync)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if isinstance(record.msg, dict) and "train" in record.msg:
-            self.times.append(record.created)
-
-    def step_seconds(self) -> list[float]:
-        """Step times after the first step of the run."""
-        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)][1:]
-
-
 def clean_slate(out: Path) -> None:
     """Start the next run where this one started: no checkpoints, no garbage, no dirty pages."""
     import torch
@@ -118,6 +102,8 @@ def clean_slate(out: Path) -> None:
 
 def compare(args: Any, root: Path, repeats: int) -> dict:
     """Run both paths ``repeats`` times (after a warm-up each), ABBA; medians and ratios."""
+    from specshim.runner import train
+
     metrics = logging.getLogger("speculators.metrics")
     metrics.setLevel(logging.INFO)  # what speculators' own script does; specshim train too
     runs: dict[str, list[float]] = {name: [] for name in PATHS}
@@ -125,7 +111,7 @@ def compare(args: Any, root: Path, repeats: int) -> dict:
     for repeat in range(repeats + 1):  # repeat 0 warms up
         order = list(PATHS) if repeat % 2 == 0 else list(reversed(PATHS))
         for name in order:
-            clock = StepClock()
+            clock = train.MetricCollector()
             metrics.addHandler(clock)
             out = root / f"{name}-{repeat}"
             try:
@@ -134,9 +120,9 @@ def compare(args: Any, root: Path, repeats: int) -> dict:
                 metrics.removeHandler(clock)
                 clean_slate(out)
             print(f"{name} run {repeat}: {seconds:.2f} s, {len(clock.times)} steps", flush=True)
-            if repeat:
+            if repeat:  # each run's first step compiles: left out
                 runs[name].append(seconds)
-                steps[name].extend(clock.step_seconds())
+                steps[name].extend(clock.step_seconds()[1:])
     run_median = {name: statistics.median(v) for name, v in runs.items()}
     step_median = {name: statistics.median(v) for name, v in steps.items()}
     return {

