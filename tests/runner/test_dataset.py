@@ -34,6 +34,12 @@ def test_token_ids_rows_keep_order_and_mask_everything(tmp_path, tokenizer) -> N
     ]
 
 
+def test_samples_name_their_line_in_the_input(tmp_path, tokenizer) -> None:
+    path = write(tmp_path, {"input_ids": [5]}, "", "{bad", {"input_ids": [6]})
+    samples = list(dataset.read(path, tokenizer, skip_bad=True))
+    assert [(s.index, s.line) for s in samples] == [(0, 1), (1, 4)]
+
+
 def test_chat_masks_exactly_the_assistant_tokens(tmp_path, tokenizer) -> None:
     turns = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "four"}]
     (sample,) = dataset.read(write(tmp_path, {"messages": turns}), tokenizer)
@@ -76,4 +82,5 @@ def test_saved_datasets_directory_is_read(tmp_path, tokenizer) -> None:
     datasets.Dataset.from_list([{"input_ids": [5, 6]}, {"input_ids": [7]}]).save_to_disk(
         tmp_path / "ds"
     )
-    assert [s.input_ids for s in dataset.read(tmp_path / "ds", tokenizer)] == [[5, 6], [7]]
+    samples = list(dataset.read(tmp_path / "ds", tokenizer))
+    assert [(s.line, s.input_ids) for s in samples] == [(1, [5, 6]), (2, [7])]

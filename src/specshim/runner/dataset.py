@@ -22,7 +22,16 @@ class BadRow(ValueError):
 
 @dataclass(frozen=True)
 class Sample:
+    """One good row.
+
+    ``index`` is the 0-based position among the good samples (output files are named
+    ``data_{index}.pt``); ``line`` is where the row sits in the user's input: the 1-based line
+    of a JSONL file, or the 1-based row number of a saved ``datasets`` dataset, so messages can
+    point at the row the user wrote.
+    """
+
     index: int
+    line: int
     input_ids: list[int]
     loss_mask: list[int]
 
@@ -111,7 +120,7 @@ def read(
         except ValueError as exc:
             error = BadRow(source, number, str(exc))
         else:
-            yield Sample(index, ids, mask)
+            yield Sample(index, number, ids, mask)
             index += 1
             continue
         if not skip_bad:
