@@ -10,15 +10,27 @@ only in their repository. This module is that wiring, for both releases:
 
 Checkpoints are speculators' own, one per epoch (model, optimizer, scheduler); ``resume``
 continues from the last one. The loss of every step is collected from speculators' metric
-logger and returned, so the caller can check that it goes down.
+logger and written to ``train_log.json`` after every checkpoint, so the caller can check that
+it goes down.
+
+One ``--out`` holds one run: a folder that is not empty is refused unless the run in it is
+resumed (with the settings recorded in ``train_settings.json``, which a resume must match) or
+``overwrite`` removes it first. A resume appends to the earlier log, never replaces it, and a
+resume of a run already trained to the requested epochs changes nothing.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import math
+import os
 import random
-from dataclasses import dataclass, field
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +39,36 @@ from specshim.runner import distributed, files
 
 #: What speculators' training reads (speculators/train/data.py, standardize_data_v1).
 AUX_LAYERS = 3
+DTYPES = ("float32", "bfloat16")
+DEVICES = ("cpu", "cuda")
+LOG_FILE = "train_log.json"
+SETTINGS_FILE = "train_settings.json"
+#: Where ``overwrite`` moves the earlier run before deleting it (a kill midway leaves only it).
+TRASH = ".overwritten"
+#: What a run writes into ``--out`` (``served*``: ``specshim eval``'s exports of its checkpoints).
+RUN_FILES = ("checkpoints", LOG_FILE, SETTINGS_FILE, TRASH)
 
 
 @dataclass
 class TrainResult:
+    """The training log of one ``--out``: one loss (and its epoch) a step, every run appended.
+
+    ``step_seconds`` holds the time between consecutive steps within each run (timing only).
+    ``already_trained`` is set, and nothing else, when a resume found every requested epoch
+    done.
+    """
+
     losses: list[float] = field(default_factory=list)
-    steps: int = 0
+    step_epochs: list[int] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
     seconds: float = 0.0
     checkpoint: Path | None = None
-    step_seconds: list[float] = field(default_factory=list)
     tokens_per_step: int = 0
+    already_trained: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
 
     @property
     def median_step_seconds(self) -> float:
@@ -44,9 +76,50 @@ class TrainResult:
         later = sorted(self.step_seconds[1:]) or self.step_seconds
         return later[len(later) // 2] if later else 0.0
 
+    @classmethod
+    def load(cls, path: Path) -> TrainResult:
+        """The log at ``path`` (empty if there is none); a log without epochs keeps them all."""
+        if not path.exists():
+            return cls()
+        import json
+
+        log = json.loads(path.read_text())
+        losses = [float(x) for x in log.get("losses", [])]
+        return cls(
+            losses=losses,
+            step_epochs=[int(e) for e in log.get("step_epochs", [-1] * len(losses))],
+            step_seconds=[float(x) for x in log.get("step_seconds", [])],
+            seconds=float(log.get("seconds", 0.0)),
+            tokens_per_step=int(log.get("tokens_per_step", 0)),
+        )
+
+    def before(self, epoch: int) -> TrainResult:
+        """The steps of the epochs before ``epoch``: what a resume after them continues."""
+        kept = [i for i, e in enumerate(self.step_epochs) if e < epoch]
+        return TrainResult(
+            losses=[self.losses[i] for i in kept],
+            step_epochs=[self.step_epochs[i] for i in kept],
+            step_seconds=self.step_seconds,
+            seconds=self.seconds,
+            tokens_per_step=self.tokens_per_step,
+        )
+
+    def then(self, later: TrainResult) -> TrainResult:
+        """This log followed by a later run's."""
+        return TrainResult(
+            losses=self.losses + later.losses,
+            step_epochs=self.step_epochs + later.step_epochs,
+            step_seconds=self.step_seconds + later.step_seconds,
+            seconds=self.seconds + later.seconds,
+            checkpoint=later.checkpoint,
+            tokens_per_step=later.tokens_per_step,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "losses": self.losses,
+            "step_epochs": self.step_epochs,
+            "step_seconds": self.step_seconds,
             "steps": self.steps,
             "seconds": self.seconds,
             "steps_per_second": self.steps / self.seconds if self.seconds else 0.0,
@@ -56,8 +129,14 @@ class TrainResult:
         }
 
     def text(self) -> str:
+        if self.already_trained:
+            plural = "s" if self.already_trained != 1 else ""
+            return (
+                f"already trained to {self.already_trained} epoch{plural}; nothing to do "
+                f"(checkpoints: {self.checkpoint}; pass a larger --epochs to train on)"
+            )
         if not self.losses:
-            return "no training steps ran (already trained to the requested epochs?)"
+            return "no training steps ran"
         first, last = self.losses[0], sum(self.losses[-5:]) / len(self.losses[-5:])
         return (
             f"steps: {self.steps} in {self.seconds:.1f} s "
@@ -66,6 +145,14 @@ class TrainResult:
             f"loss: first {first:.4f}, mean of last 5 {last:.4f}\n"
             f"checkpoint: {self.checkpoint}"
         )
+
+
+def _train_metrics(record: logging.LogRecord) -> dict[str, Any] | None:
+    """The message of one of speculators' per-step records (``{"train": {...}, "epoch": e}``)."""
+    message = record.msg
+    if isinstance(message, dict) and isinstance(message.get("train"), dict):
+        return message
+    return None
 
 
 class MetricCollector(logging.Handler):
@@ -78,19 +165,246 @@ class MetricCollector(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
         self.losses: list[float] = []
+        self.epochs: list[int] = []
         self.times: list[float] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        message = record.msg
-        if isinstance(message, dict) and isinstance(message.get("train"), dict):
-            loss = message["train"].get("loss")
-            if loss is not None:
-                self.losses.append(float(loss))
-                self.times.append(record.created)
+        message = _train_metrics(record)
+        if message is not None and message["train"].get("loss") is not None:
+            self.losses.append(float(message["train"]["loss"]))
+            self.epochs.append(int(message.get("epoch", -1)))
+            self.times.append(record.created)
 
     def step_seconds(self) -> list[float]:
         """The time between consecutive steps' metrics (each after speculators' ``.item()``)."""
         return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+
+
+class TokenCounter:
+    """Counts the tokens of every batch the loader hands out (its ``lengths``, packed)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def wrap(self, collate: Callable[[list[Any]], dict[str, Any]]) -> Callable[..., Any]:
+        def counting(batch: list[Any]) -> dict[str, Any]:
+            collated = collate(batch)
+            self.count += int(collated["lengths"].sum())
+            return collated
+
+        return counting
+
+
+class ProgressBar(logging.Handler):
+    """One tqdm bar an epoch on stderr: steps, loss and tokens/s from speculators' metrics.
+
+    speculators draws its own bar only where its ``local_rank`` is 0, which on the CPU (a
+    device there) is never, and without loss or throughput. tokens/s counts the steps after an
+    epoch's first (the loader collates a batch just before its step, so the tokens counted at
+    step k's metrics are exactly those of steps 1..k).
+    """
+
+    def __init__(self, epochs: int, steps_per_epoch: int, tokens: TokenCounter) -> None:
+        super().__init__()
+        self.epochs, self.steps_per_epoch, self.tokens = epochs, steps_per_epoch, tokens
+        self.bar: Any = None
+        self.epoch = -1
+        self.first_tokens, self.first_time = 0, 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = _train_metrics(record)
+        if message is None:
+            return
+        epoch = int(message.get("epoch", 0))
+        if epoch != self.epoch:
+            self._start(epoch)
+        postfix = f"loss {float(message['train'].get('loss', math.nan)):.4f}"
+        seconds = time.perf_counter() - self.first_time
+        if self.bar.n and seconds > 0:
+            postfix += f", {(self.tokens.count - self.first_tokens) / seconds:,.0f} tok/s"
+        self.bar.set_postfix_str(postfix, refresh=False)
+        self.bar.update()
+
+    def _start(self, epoch: int) -> None:
+        from tqdm import tqdm
+
+        self.close_bar()
+        self.epoch = epoch
+        self.first_tokens, self.first_time = self.tokens.count, time.perf_counter()
+        self.bar = tqdm(
+            total=self.steps_per_epoch,
+            desc=f"[specshim train] epoch {epoch + 1}/{self.epochs}",
+            unit="step",
+            file=sys.stderr,
+        )
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def close(self) -> None:
+        self.close_bar()
+        super().close()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run's checkpoints depend on: a ``resume`` must give the same (``--epochs`` and
+    ``--device`` may change). Paths are compared resolved."""
+
+    data: str
+    verifier: str
+    vocab: str
+    max_len: int
+    num_layers: int
+    ttt_steps: int
+    lr: float
+    seed: int
+    dtype: str
+
+    def differences(self, recorded: dict[str, Any]) -> list[str]:
+        """``--name value (the run in --out used other)`` for every setting that differs."""
+        mine = asdict(self)
+        return [
+            f"--{name.replace('_', '-')} {mine[name]} (the run in it used {recorded.get(name)})"
+            for name in mine
+            if recorded.get(name) != mine[name]
+        ]
+
+
+def _resolved(path: str | Path) -> str:
+    return str(Path(path).resolve())
+
+
+def check_options(
+    epochs: int, lr: float, max_len: int, num_layers: int, ttt_steps: int, dtype: str,
+    device: str | None, resume: bool, overwrite: bool,
+) -> None:  # fmt: skip
+    """Refuse a bad option with one line, before anything is loaded or written."""
+    counts = {"--epochs": epochs, "--max-len": max_len, "--num-layers": num_layers,
+              "--ttt-steps": ttt_steps}  # fmt: skip
+    for name, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"--lr must be a number greater than 0, got {lr}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device is not None and device not in DEVICES:
+        raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --out, --overwrite removes it: pass one")
+
+
+def check_inputs(data: Path, vocab: Path) -> None:
+    """Is ``data`` an extraction folder with the layers EAGLE-3 reads, ``vocab`` a vocabulary?"""
+    if not (any(data.glob("data_*.pt")) and (data / "sample_lengths.json").is_file()):
+        raise ValueError(
+            f"--data {data} is not an extraction folder (expected data_*.pt and "
+            f"sample_lengths.json): run `specshim extract --out {data}` first"
+        )
+    missing = [name for name in ("d2t.npy", "t2d.npy") if not (vocab / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"--vocab {vocab} has no {' or '.join(missing)}: run "
+            f"`specshim vocab --data {data} --out {vocab}` first"
+        )
+    import torch
+
+    first = min(data.glob("data_*.pt"))
+    layers = len(torch.load(first, weights_only=True, mmap=True)["hidden_states"])
+    if layers != AUX_LAYERS + 1:
+        raise ValueError(
+            f"{first} holds {layers} layers; EAGLE-3 training reads {AUX_LAYERS} auxiliary "
+            f"layers plus the last one ({AUX_LAYERS + 1} in all)"
+        )
+
+
+def _device(device: str | None) -> str:
+    """The device to train on: ``cuda`` if there is one, unless the caller chose."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here; pass --device cpu")
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _contents(out: Path) -> list[Path]:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; expected a folder (new, or a run to resume)")
+    return sorted(out.iterdir()) if out.is_dir() else []
+
+
+def _is_run_file(path: Path) -> bool:
+    return path.name in RUN_FILES or path.name.startswith("served") or path.name.endswith(".tmp")
+
+
+def check_out(out: Path, settings: Settings, resume: bool, overwrite: bool) -> None:
+    """Refuse to mix two runs in one ``--out``, before anything is written.
+
+    A folder that is not empty needs ``resume`` (its recorded settings must match) or
+    ``overwrite`` (it must hold nothing but a run's files, which are all that is removed).
+    """
+    contents = _contents(out)
+    if not contents:
+        return
+    if overwrite:
+        foreign = [p.name for p in contents if not _is_run_file(p)]
+        if foreign:
+            raise ValueError(
+                f"--overwrite: --out {out} holds files a training run does not write "
+                f"({', '.join(foreign)}); nothing was removed: pick a new --out"
+            )
+    elif not resume:
+        raise ValueError(
+            f"--out {out} is not empty: pass --resume to continue the run in it or "
+            f"--overwrite to start over, or pick a new --out"
+        )
+    elif not (out / SETTINGS_FILE).exists():
+        note(f"--resume: {out} records no settings ({SETTINGS_FILE}); they cannot be checked")
+    else:
+        import json
+
+        differences = settings.differences(json.loads((out / SETTINGS_FILE).read_text()))
+        if differences:
+            raise ValueError(
+                f"--resume: the run in {out} had other settings: {'; '.join(differences)}; "
+                f"pass the same, or --overwrite to start over, or pick a new --out"
+            )
+
+
+def remove_run(out: Path) -> None:
+    """``overwrite``: move the earlier run's files into ``out/.overwritten``, then delete that.
+
+    A kill midway leaves only run files (the trash among them), which the next ``overwrite``
+    removes too; nothing else in ``out`` is touched (``check_out`` refused any).
+    """
+    trash = out / TRASH
+    trash.mkdir(exist_ok=True)
+    for path in _contents(out):
+        if path != trash:
+            path.rename(trash / path.name)
+    shutil.rmtree(trash)
+
+
+def _make_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out} cannot be created: {exc.strerror}") from exc
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out} is not writable")
+
+
+def trained_epochs(checkpoints: Path) -> int:
+    """How many epochs the complete checkpoints hold (speculators resumes after the last)."""
+    complete = [int(p.name) for p in epochs(checkpoints) if is_complete(p)]
+    return max(complete) + 1 if complete else 0
+
+
+def note(text: str) -> None:
+    print(f"[specshim train] {text}", file=sys.stderr, flush=True)
 
 
 def draft_layer_config(verifier: str, num_layers: int) -> Any:
@@ -194,7 +508,15 @@ def set_aside_incomplete(checkpoints: Path) -> list[Path]:
     return moved
 
 
-def _loader(files: list[str], max_len: int, seed: int, dtype: Any, world: distributed.World) -> Any:
+def _loader(
+    files: list[str],
+    max_len: int,
+    seed: int,
+    dtype: Any,
+    world: distributed.World,
+    tokens: TokenCounter | None = None,
+) -> Any:
+    """speculators' dataset, packing sampler and collate function (counting tokens if asked)."""
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from torch.utils.data import DataLoader
@@ -207,7 +529,47 @@ def _loader(files: list[str], max_len: int, seed: int, dtype: Any, world: distri
         rank=world.rank,
         seed=seed,
     )
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=create_collate_fn(max_len))
+    collate = create_collate_fn(max_len)
+    collate = tokens.wrap(collate) if tokens else collate
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
+
+
+def _prepare_out(out: Path, settings: Settings, resume: bool, overwrite: bool, epochs: int) -> None:
+    """On one process: clear or set up ``out`` as ``check_out`` allowed, record the settings."""
+    if overwrite and _contents(out):
+        remove_run(out)
+        note(f"--overwrite: removed the earlier run in {out}")
+    if resume:
+        for path in set_aside_incomplete(out / "checkpoints"):
+            note(f"set aside a half-written checkpoint: {path}")
+        done = trained_epochs(out / "checkpoints")
+        if done:
+            note(
+                f"resuming from {out / 'checkpoints' / str(done - 1)} "
+                f"(epoch {done} of {epochs} done; training epochs {done + 1} to {epochs})"
+            )
+        else:
+            note(f"--resume: no checkpoint in {out}; starting from epoch 1")
+    files.save_json(out / SETTINGS_FILE, asdict(settings))
+
+
+def _barrier(world: distributed.World) -> None:
+    if world.size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _checkpointing_log(trainer: type, write_log: Callable[[], None]) -> type:
+    """``trainer``, writing the training log after every checkpoint, so that the log always
+    covers the epochs the checkpoints hold, even when a later epoch is killed."""
+
+    class LoggingTrainer(trainer):  # type: ignore[misc, valid-type]
+        def save_checkpoint(self, epoch: int) -> None:
+            super().save_checkpoint(epoch)
+            write_log()
+
+    return LoggingTrainer
 
 
 def train(
@@ -224,74 +586,112 @@ def train(
     resume: bool = False,
     seed: int = 0,
     dtype: str = "float32",
+    overwrite: bool = False,
 ) -> TrainResult:
-    import time
+    """Train a draft into ``out`` (see the module's docstring for what ``out`` may hold).
 
+    Every check (options, data, vocabulary, ``out``) runs before anything is loaded or
+    written; a bad one raises ``ValueError`` with one line.
+    """
+    check_options(epochs, lr, max_len, num_layers, ttt_steps, dtype, device, resume, overwrite)
+    vocab = vocab or data
+    check_inputs(data, vocab)
+    settings = Settings(
+        _resolved(data), _resolved(verifier) if Path(verifier).exists() else verifier,
+        _resolved(vocab), max_len, num_layers, ttt_steps, lr, seed, dtype,
+    )  # fmt: skip
+    check_out(out, settings, resume, overwrite)
+    device = _device(device)
+    checkpoints = out / "checkpoints"
+    earlier = TrainResult.load(out / LOG_FILE) if resume else TrainResult()
+    if resume and (done := trained_epochs(checkpoints)) >= epochs:
+        earlier.checkpoint, earlier.already_trained = checkpoints, done
+        return earlier
+    _make_out(out)
+    world = distributed.start(device)
+    try:
+        if world.rank == 0:
+            _prepare_out(out, settings, resume, overwrite, epochs)
+        _barrier(world)
+        done = trained_epochs(checkpoints) if resume else 0
+        return _run(settings, out, epochs, device, world, resume, earlier.before(done))
+    finally:
+        world.stop()
+
+
+def _run(
+    settings: Settings,
+    out: Path,
+    epochs: int,
+    device: str,
+    world: distributed.World,
+    resume: bool,
+    earlier: TrainResult,
+) -> TrainResult:
+    """speculators' trainer on the checked settings; the log is ``earlier`` plus this run."""
     import numpy as np
     import torch
 
     specshim.apply()
-    data_files = sorted(str(p) for p in data.glob("data_*.pt"))
-    if not data_files:
-        raise FileNotFoundError(f"no data_*.pt in {data}: run `specshim extract` first")
-    first = torch.load(data_files[0], weights_only=True, mmap=True)  # the layer count only
-    if len(first["hidden_states"]) != AUX_LAYERS + 1:
-        raise ValueError(
-            f"{data_files[0]} holds {len(first['hidden_states'])} layers; EAGLE-3 training reads "
-            f"{AUX_LAYERS} auxiliary layers plus the last one ({AUX_LAYERS + 1} in all)"
-        )
-    vocab = vocab or data
+    vocab = Path(settings.vocab)
     d2t = torch.from_numpy(np.load(vocab / "d2t.npy"))
     t2d = torch.from_numpy(np.load(vocab / "t2d.npy"))
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"--dtype must name a torch dtype (float32, bfloat16), got {dtype!r}")
-    model = build_model(verifier, d2t, t2d, num_layers, ttt_steps).to(torch_dtype)
+    random.seed(settings.seed)
+    np.random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    torch_dtype = getattr(torch, settings.dtype)
+    model = build_model(settings.verifier, d2t, t2d, settings.num_layers, settings.ttt_steps)
+    model = model.to(torch_dtype)
 
     from speculators.train.trainer import Trainer, TrainerConfig
 
-    if resume:
-        for path in set_aside_incomplete(out / "checkpoints"):
-            print(f"[specshim train] set aside a half-written checkpoint: {path}")
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    world = distributed.start(device)
     options = dict(
-        lr=lr,
+        lr=settings.lr,
         num_epochs=epochs,
         save_path=str(out / "checkpoints"),
         resume_from_checkpoint=resume,
         is_distributed=world.size > 1,
         # speculators moves the model and each batch with .to(local_rank): a device works too
         local_rank=world.local_rank if device == "cuda" else torch.device(device),
-        train_call_kwargs={"use_off_policy_tokens": False, "ttt_steps": ttt_steps},
-        val_call_kwargs={"use_off_policy_tokens": False, "ttt_steps": ttt_steps},
+        train_call_kwargs={"use_off_policy_tokens": False, "ttt_steps": settings.ttt_steps},
+        val_call_kwargs={"use_off_policy_tokens": False, "ttt_steps": settings.ttt_steps},
     )
     accepted = inspect.signature(TrainerConfig).parameters
     config = TrainerConfig(**{k: v for k, v in options.items() if k in accepted})
+    data_files = sorted(str(p) for p in Path(settings.data).glob("data_*.pt"))
+    tokens = TokenCounter()
+    loader = _loader(data_files, settings.max_len, settings.seed, torch_dtype, world, tokens)
     collector = MetricCollector()
+    handlers: list[logging.Handler] = [collector]
+    if world.rank == 0:
+        handlers.append(ProgressBar(epochs, len(loader), tokens))
     metric_logger = logging.getLogger("speculators.metrics")
-    metric_logger.addHandler(collector)
     metric_logger.setLevel(logging.INFO)
     started = time.perf_counter()
+
+    def log() -> TrainResult:
+        run = TrainResult(
+            losses=list(collector.losses),
+            step_epochs=list(collector.epochs),
+            step_seconds=collector.step_seconds(),
+            seconds=time.perf_counter() - started,
+            checkpoint=out / "checkpoints",
+            tokens_per_step=settings.max_len,
+        )
+        return earlier.then(run)
+
+    def write_log() -> None:
+        if world.rank == 0:
+            files.save_json(out / LOG_FILE, log().to_dict())
+
+    for handler in handlers:
+        metric_logger.addHandler(handler)
     try:
-        loader = _loader(data_files, max_len, seed, torch_dtype, world)
-        trainer = distributed.trainer_class(Trainer, device)(model, config, loader, None)
-        trainer.run_training()
+        trainer_class = _checkpointing_log(distributed.trainer_class(Trainer, device), write_log)
+        trainer_class(model, config, loader, None).run_training()
     finally:
-        metric_logger.removeHandler(collector)
-        world.stop()
-    result = TrainResult(
-        losses=collector.losses,
-        steps=len(collector.losses),
-        seconds=time.perf_counter() - started,
-        checkpoint=out / "checkpoints",
-        step_seconds=collector.step_seconds(),
-        tokens_per_step=max_len,
-    )
-    if world.rank == 0:
-        files.save_json(out / "train_log.json", result.to_dict())
-    return result
+        for handler in handlers:
+            metric_logger.removeHandler(handler)
+            handler.close()
+    write_log()
+    return log()

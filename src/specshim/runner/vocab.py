@@ -10,30 +10,50 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def check_sizes(draft_vocab_size: int, target_vocab_size: int | None) -> None:
+    """Refuse sizes that cannot be right with one line, before a model or data is read."""
+    if draft_vocab_size < 1:
+        raise ValueError(f"--draft-vocab-size must be at least 1, got {draft_vocab_size}")
+    if target_vocab_size is not None and target_vocab_size < 1:
+        raise ValueError(f"--target-vocab-size must be at least 1, got {target_vocab_size}")
+
+
 def target_vocab_size(model: str | Path) -> int:
-    """The verifier's vocabulary size, from its config (a multimodal model's text part)."""
+    """The verifier's vocabulary size, from its config (a multimodal model's text part).
+
+    A model that cannot be read is one line naming it (transformers' own error, which for a
+    missing folder talks about repo ids, is kept as the cause).
+    """
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model)
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except OSError as exc:
+        raise ValueError(
+            f"--model {model}: no model config could be read (expected a model folder with "
+            f"config.json, or a hub id)"
+        ) from exc
     return getattr(config, "text_config", config).vocab_size
 
 
 def build(
     data: Path, draft_vocab_size: int, target_vocab_size: int, out: Path
 ) -> tuple[Path, Path]:
+    """Write ``d2t.npy`` and ``t2d.npy`` into ``out`` from ``data``'s ``token_freq.pt``."""
     import numpy as np
     import torch
 
     from specshim.runner import files
 
+    check_sizes(draft_vocab_size, target_vocab_size)
+    if draft_vocab_size > target_vocab_size:
+        raise ValueError(
+            f"--draft-vocab-size must be at most the target vocabulary ({target_vocab_size}), "
+            f"got {draft_vocab_size}"
+        )
     freq_path = data / "token_freq.pt"
     if not freq_path.exists():
         raise FileNotFoundError(f"{freq_path} not found: run `specshim extract` into {data} first")
-    if not 0 < draft_vocab_size <= target_vocab_size:
-        raise ValueError(
-            f"--draft-vocab-size must be in [1, {target_vocab_size}] (the target vocabulary), "
-            f"got {draft_vocab_size}"
-        )
     import specshim
 
     specshim.apply()  # speculators' import needs it on transformers 5

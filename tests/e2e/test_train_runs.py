@@ -1,0 +1,171 @@
+"""One `--out`, one training run: the real speculators 0.4.0.1 trainer on the CPU.
+
+The training data is written here in the exact files an extraction writes (``data_i.pt`` with
+``input_ids``, four ``[seq, hidden]`` states and ``loss_mask``; ``sample_lengths.json``; an
+identity ``d2t.npy``/``t2d.npy``), with seeded random states for a real tiny verifier: what is
+tested (what ``--out`` may hold, the log, the progress shown) does not depend on the states'
+values, and writing them takes a second where a vLLM extraction takes minutes. One real
+training run (one epoch) is shared; the runs that refuse train nothing and run in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from e2e.test_train import specshim
+from specshim import cli
+from specshim.runner import files
+from specshim.runner.train import LOG_FILE, SETTINGS_FILE
+
+pytestmark = pytest.mark.vllm
+
+SAMPLES, TOKENS = 8, 40
+
+
+def write_synthetic_extraction(out: Path, verifier: Path) -> Path:
+    """An extraction folder for ``verifier`` with random states (see the module docstring)."""
+    import numpy as np
+    import torch
+
+    config = json.loads((verifier / "config.json").read_text())
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    generator = torch.Generator().manual_seed(0)
+    for i in range(SAMPLES):
+        sample = {
+            "input_ids": torch.randint(vocab, (TOKENS,), generator=generator),
+            "hidden_states": [torch.randn(TOKENS, hidden, generator=generator) for _ in range(4)],
+            "loss_mask": torch.ones(TOKENS, dtype=torch.long),
+        }
+        files.save_torch(out / f"data_{i}.pt", sample)
+    files.save_json(out / "sample_lengths.json", {str(i): TOKENS for i in range(SAMPLES)})
+    np.save(out / "d2t.npy", np.zeros(vocab, dtype=np.int64))
+    np.save(out / "t2d.npy", np.ones(vocab, dtype=bool))
+    return out
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> tuple[Path, Path]:
+    """(extraction folder, verifier)."""
+    from specshim.testbed import tiny_model
+
+    root = tmp_path_factory.mktemp("train-runs")
+    verifier = tiny_model.build(root / "verifier", "llama")
+    return write_synthetic_extraction(root / "hs", verifier), verifier
+
+
+def args(inputs: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
+    data, verifier = inputs
+    return ["train", "--data", str(data), "--verifier", str(verifier), "--out", str(out),
+            "--max-len", "128", "--device", "cpu", *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def first_run(inputs, tmp_path_factory):
+    """One real epoch into a fresh ``--out``: the run the other tests find there."""
+    out = tmp_path_factory.mktemp("first") / "draft"
+    result = specshim("0.4.0.1", *args(inputs, out, "--epochs", "1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+@pytest.fixture
+def earlier(first_run, tmp_path) -> Path:
+    """A copy of the first run's ``--out``, for a test to try a second run into."""
+    return Path(shutil.copytree(first_run[0], tmp_path / "draft"))
+
+
+def snapshot(out: Path) -> dict[str, bytes]:
+    """Every file under ``out``, by relative path, with its bytes."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def in_process(capsys, *argv: str) -> tuple[int, str, list[str]]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.splitlines()
+
+
+def test_training_shows_steps_epoch_loss_and_throughput(first_run) -> None:
+    out, result = first_run
+    steps = json.loads((out / LOG_FILE).read_text())["steps"]
+    final = result.stderr.split("\r")[-1]  # the bar's last drawing
+    assert "epoch 1/1: 100%" in final and f"{steps}/{steps}" in final, result.stderr[-2000:]
+    assert "loss " in final and "tok/s" in final
+
+
+def test_a_second_run_into_the_same_out_is_refused(capsys, inputs, earlier) -> None:
+    before = snapshot(earlier)
+    code, _, err = in_process(capsys, *args(inputs, earlier, "--epochs", "2"))
+    assert code == 1 and len(err) == 1, err
+    assert f"--out {earlier} is not empty" in err[0]
+    assert "--resume" in err[0] and "--overwrite" in err[0] and "new --out" in err[0]
+    assert snapshot(earlier) == before
+
+
+def test_resuming_a_finished_run_changes_nothing(capsys, inputs, earlier) -> None:
+    before = snapshot(earlier)
+    code, out, err = in_process(capsys, *args(inputs, earlier, "--epochs", "1", "--resume"))
+    assert code == 0, err
+    assert out.startswith("already trained to 1 epoch; nothing to do"), out
+    assert snapshot(earlier) == before
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--num-layers", "2"), ("--max-len", "96"), ("--data", "other"), ("--verifier", "other")],
+)
+def test_resume_with_other_settings_is_refused(capsys, inputs, earlier, option, value) -> None:
+    data, verifier = inputs
+    if value == "other":  # the same files under another name: still another setting
+        original = data if option == "--data" else verifier
+        value = str(shutil.copytree(original, earlier.parent / "other"))
+    before = snapshot(earlier)
+    argv = [*args(inputs, earlier, "--epochs", "2", "--resume"), option, value]
+    code, _, err = in_process(capsys, *argv)
+    assert code == 1 and len(err) == 1, err
+    assert f"--resume: the run in {earlier} had other settings: {option} {value}" in err[0]
+    assert "(the run in it used" in err[0] and "--overwrite" in err[0]
+    assert snapshot(earlier) == before
+
+
+def test_the_same_data_by_a_relative_path_is_the_same_setting(
+    capsys, inputs, earlier, monkeypatch
+) -> None:
+    data, verifier = inputs
+    monkeypatch.chdir(data.parent)
+    argv = args((Path(data.name), verifier), earlier, "--epochs", "1", "--resume")
+    code, out, err = in_process(capsys, *argv)
+    assert code == 0 and "nothing to do" in out, err
+
+
+def test_resume_appends_to_the_log_and_says_where_it_continued(inputs, earlier) -> None:
+    first = json.loads((earlier / LOG_FILE).read_text())
+    result = specshim("0.4.0.1", *args(inputs, earlier, "--epochs", "2", "--resume"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming from {earlier / 'checkpoints' / '0'} (epoch 1 of 2 done" in result.stderr
+    log = json.loads((earlier / LOG_FILE).read_text())
+    steps = first["steps"]
+    assert log["losses"][:steps] == first["losses"]
+    assert log["step_epochs"] == [0] * steps + [1] * steps
+    assert sorted(p.name for p in (earlier / "checkpoints").iterdir()) == ["0", "1"]
+
+
+def test_overwrite_removes_the_earlier_run_and_only_it(capsys, inputs, earlier) -> None:
+    shutil.copytree(earlier / "checkpoints" / "0", earlier / "checkpoints" / "1")
+    (earlier / "served").mkdir()  # an export of the earlier run, by `specshim eval`
+    (earlier / "notes.txt").write_text("mine")
+    before = snapshot(earlier)
+    code, _, err = in_process(capsys, *args(inputs, earlier, "--epochs", "1", "--overwrite"))
+    assert code == 1 and len(err) == 1 and "notes.txt" in err[0], err
+    assert snapshot(earlier) == before  # nothing removed
+    (earlier / "notes.txt").unlink()
+    result = specshim("0.4.0.1", *args(inputs, earlier, "--epochs", "1", "--overwrite"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in earlier.iterdir()) == ["checkpoints", LOG_FILE, SETTINGS_FILE]
+    assert sorted(p.name for p in (earlier / "checkpoints").iterdir()) == ["0"]
+    log = json.loads((earlier / LOG_FILE).read_text())
+    assert set(log["step_epochs"]) == {0}
