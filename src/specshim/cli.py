@@ -26,6 +26,16 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with defaults shown, except where there is none to show (a required
+    option, a flag, or a default of ``None`` whose meaning the help text states)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _report(args: argparse.Namespace) -> int:
     from specshim import report
 
@@ -68,6 +78,7 @@ def _extract(args: argparse.Namespace) -> int:
 def _vocab(args: argparse.Namespace) -> int:
     from specshim.runner import vocab
 
+    vocab.check_sizes(args.draft_vocab_size, args.target_vocab_size)  # before reading a model
     target = args.target_vocab_size or vocab.target_vocab_size(args.model)
     for path in vocab.build(args.data, args.draft_vocab_size, target, args.out or args.data):
         print(path)
@@ -90,6 +101,7 @@ def _train(args: argparse.Namespace) -> int:
         device=args.device,
         resume=args.resume,
         dtype=args.dtype,
+        overwrite=args.overwrite,
     )
     print(result.text())
     return 0
@@ -194,28 +206,66 @@ def parser() -> argparse.ArgumentParser:
     ext.add_argument("--skip-bad", action="store_true", help="skip and count bad rows")
     ext.set_defaults(handler=_extract)
 
-    voc = commands.add_parser("vocab", help="d2t.npy / t2d.npy from token_freq.pt")
-    voc.add_argument("--data", required=True, type=Path, help="an extraction directory")
-    voc.add_argument("--draft-vocab-size", required=True, type=int)
-    voc.add_argument("--target-vocab-size", type=int, default=None)
-    voc.add_argument("--model", help="read the target vocabulary size from this model")
-    voc.add_argument("--out", type=Path, default=None, help="default: the --data directory")
+    voc = commands.add_parser(
+        "vocab",
+        help="d2t.npy / t2d.npy from token_freq.pt",
+        formatter_class=DefaultsShown,
+    )
+    voc.add_argument("--data", required=True, type=Path, help="an extraction folder")
+    voc.add_argument(
+        "--draft-vocab-size",
+        required=True,
+        type=int,
+        help="tokens the draft predicts: the most frequent loss-masked ones (1 to the target's)",
+    )
+    voc.add_argument(
+        "--target-vocab-size",
+        type=int,
+        default=None,
+        help="the verifier's vocabulary size (default: read from --model)",
+    )
+    voc.add_argument(
+        "--model", help="read the target vocabulary size from this model (folder or hub id)"
+    )
+    voc.add_argument(
+        "--out", type=Path, default=None, help="where d2t.npy/t2d.npy go (default: --data)"
+    )
     voc.set_defaults(handler=_vocab)
 
-    trn = commands.add_parser("train", help="EAGLE-3 draft training through speculators")
-    trn.add_argument("--data", required=True, type=Path, help="an extraction directory")
-    trn.add_argument("--verifier", required=True, help="the verifier model the data came from")
-    trn.add_argument("--out", required=True, type=Path)
-    trn.add_argument(
-        "--vocab", type=Path, default=None, help="d2t.npy/t2d.npy dir (default --data)"
+    trn = commands.add_parser(
+        "train",
+        help="EAGLE-3 draft training through speculators",
+        formatter_class=DefaultsShown,
     )
-    trn.add_argument("--epochs", type=int, default=3)
-    trn.add_argument("--lr", type=float, default=1e-3)
-    trn.add_argument("--max-len", type=int, default=1024, help="tokens packed into one step")
-    trn.add_argument("--num-layers", type=int, default=1)
-    trn.add_argument("--ttt-steps", type=int, default=3)
+    trn.add_argument("--data", required=True, type=Path, help="an extraction folder")
+    trn.add_argument("--verifier", required=True, help="the verifier model the data came from")
+    trn.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="a new or empty folder for checkpoints and train_log.json (one run a folder)",
+    )
+    trn.add_argument(
+        "--vocab", type=Path, default=None, help="folder of d2t.npy/t2d.npy (default: --data)"
+    )
+    trn.add_argument("--epochs", type=int, default=3, help="epochs to train in all (>= 1)")
+    trn.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (> 0)")
+    trn.add_argument("--max-len", type=int, default=1024, help="tokens packed into a step (>= 1)")
+    trn.add_argument("--num-layers", type=int, default=1, help="draft decoder layers (>= 1)")
+    trn.add_argument(
+        "--ttt-steps", type=int, default=3, help="draft steps unrolled per position (>= 1)"
+    )
     trn.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    trn.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    trn.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out after its last checkpoint (same settings)",
+    )
+    trn.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="remove the run in --out (checkpoints, log, exports) and start over",
+    )
     trn.add_argument("--dtype", default="float32", help="float32 or bfloat16 (model and states)")
     trn.set_defaults(handler=_train)
 
