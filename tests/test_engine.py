@@ -42,7 +42,11 @@ def test_failed_adapter_rolls_back_the_others_and_is_named(monkeypatch, fake_mod
     with pytest.raises(specshim.AdapterError, match="adapter 'b' failed to apply"):
         specshim.apply()
     assert fake_module.a is original and fake_module.b is original and fake_module.c is original
-    assert specshim.status()["a"].state is specshim.State.FAILED
+    status = specshim.status()
+    assert status["b"].state is specshim.State.FAILED
+    assert status["a"].state is specshim.State.ROLLED_BACK and "adapter 'b'" in status["a"].reason
+    assert status["a"].reason.startswith("undone: ")
+    assert status["c"].reason.startswith("not tried: adapter 'b'") and not status.ok
 
 
 def test_unknown_shape_warns_or_raises_in_strict_mode(monkeypatch, fake_module) -> None:
@@ -50,6 +54,7 @@ def test_unknown_shape_warns_or_raises_in_strict_mode(monkeypatch, fake_module) 
     with pytest.warns(engine.ShapeWarning, match="adapter 'b' expected a function named original"):
         report = specshim.apply()
     assert report["b"].state is specshim.State.UNKNOWN_SHAPE and fake_module.a != original
+    assert not report.ok and [a.name for a in report.broken] == ["b"]
     specshim.revert()
     monkeypatch.setenv("SPECSHIM_STRICT", "1")
     with pytest.raises(specshim.AdapterError, match="expected a function named original, found"):
@@ -140,3 +145,26 @@ def test_a_module_still_importing_is_not_ready(monkeypatch, tmp_path: Path) -> N
         specshim.revert()
         sys.modules.pop(outer, None)
         sys.modules.pop(inner, None)
+
+
+def test_a_single_name_is_one_name_not_its_letters(monkeypatch, fake_module) -> None:
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b"))
+    assert specshim.apply(only="a").applied == ("a",)
+    assert specshim.apply(exclude="a").applied == ("b",)
+    with pytest.raises(TypeError, match=r"only= takes an adapter name or names, got 3"):
+        specshim.apply(only=3)
+    with pytest.raises(TypeError, match=r"exclude= takes adapter names \(strings\), got 1"):
+        specshim.apply(exclude=[1])
+
+
+def test_a_narrower_selection_reverts_what_it_leaves_out(monkeypatch, fake_module) -> None:
+    """apply() then apply(exclude=["b"]): b comes off, and what the workers are told to apply
+    (SPECSHIM_APPLY) is what this process has applied."""
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b"), fake_adapter("c"))
+    specshim.apply()
+    report = specshim.apply(exclude=["b"])
+    assert report.changed and report.applied == ("a", "c")
+    assert fake_module.b is original and fake_module.a == "patched by a"
+    assert report["b"].state is specshim.State.DISABLED
+    assert engine.json.loads(engine.os.environ[engine.APPLY_ENV])["exclude"] == ["b"]
+    assert specshim.apply(only=["c"]).applied == ("c",) and fake_module.a is original

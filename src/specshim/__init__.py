@@ -25,8 +25,8 @@ __version__ = "0.1.0"
 
 def apply(
     *,
-    only: Iterable[str] | None = None,
-    exclude: Iterable[str] | None = None,
+    only: str | Iterable[str] | None = None,
+    exclude: str | Iterable[str] | None = None,
     strict: bool | None = None,
 ) -> Report:
     """Apply every needed adapter, all-or-nothing (see :func:`specshim.engine.apply`)."""

@@ -15,13 +15,14 @@ import json
 import os
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import CodeType, ModuleType
 
 from specshim.adapters import registry
-from specshim.adapters.base import Adapter, Decision, Patch, UnknownShape
+from specshim.adapters.base import Adapter, Decision, Patch, Probe, UnknownShape
 
 APPLY_ENV = "SPECSHIM_APPLY"
 DISABLE_ENV = "SPECSHIM_DISABLE"
@@ -36,11 +37,29 @@ class State(enum.Enum):
     DISABLED = "disabled"
     UNKNOWN_SHAPE = "unknown shape"
     FAILED = "failed"
+    #: not in force because another adapter (named in the reason) failed: undone with its
+    #: group, never tried, or needing an adapter that is not in force
+    ROLLED_BACK = "rolled back"
     NOT_SELECTED = "not selected"
 
 
+#: States in which an adapter that was selected is not in force: speculators would run without it.
+BROKEN = frozenset({State.UNKNOWN_SHAPE, State.FAILED, State.ROLLED_BACK})
+
+
 class AdapterError(RuntimeError):
-    """A needed adapter could not be applied; everything applied with it was rolled back."""
+    """A needed adapter could not be applied; everything applied with it was rolled back.
+
+    ``adapter`` is the name of the adapter that failed (or met the unknown shape).
+    """
+
+    def __init__(self, adapter: str, message: str) -> None:
+        super().__init__(adapter, message)  # both in args: the error pickles across processes
+        self.adapter = adapter
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class ShapeWarning(UserWarning):
@@ -87,8 +106,14 @@ class Report:
         return tuple(a.name for a in self.adapters if a.state is State.APPLIED)
 
     @property
+    def broken(self) -> tuple[AdapterStatus, ...]:
+        """Adapters that were selected but are not in force (failed, unknown shape, rolled
+        back): speculators runs without them, so the result cannot be trusted."""
+        return tuple(a for a in self.adapters if a.state in BROKEN)
+
+    @property
     def ok(self) -> bool:
-        return not any(a.state is State.FAILED for a in self.adapters)
+        return not self.broken
 
     def to_dict(self) -> dict[str, object]:
         return {"changed": self.changed, "adapters": [a.to_dict() for a in self.adapters]}
@@ -116,6 +141,21 @@ def _check_names(names: Iterable[str], what: str) -> None:
     unknown = sorted(set(names) - set(known))
     if unknown:
         raise ValueError(f"{what}: unknown adapter name(s) {unknown}; known adapters: {known}")
+
+
+def _names(value: str | Iterable[str] | None, what: str) -> list[str] | None:
+    """``value`` as a list of adapter names: a single string is one name, not its letters."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{what}= takes an adapter name or names, got {value!r}")
+    names = list(value)
+    wrong = [name for name in names if not isinstance(name, str)]
+    if wrong:
+        raise TypeError(f"{what}= takes adapter names (strings), got {wrong[0]!r} in {names!r}")
+    return names
 
 
 def _selection(only: Iterable[str] | None, exclude: Iterable[str] | None) -> list[Adapter]:
@@ -157,21 +197,94 @@ def _ready(adapter: Adapter, just_loaded: str | None = None) -> bool:
     return all(_imported(m, just_loaded) for m in adapter.waits_for)
 
 
+def _culprit(adapter: Adapter, exc: UnknownShape) -> str:
+    """The adapter whose probe met the unknown shape. A probe may run other adapters' probes
+    (``extraction_executor`` asks its dependents), and the innermost probe frame in the
+    traceback is the one whose expectation failed. Probes sharing one code object (made by
+    one factory) cannot be told apart by their frames: then it is ``adapter`` itself."""
+    owners: dict[CodeType, list[str]] = {}
+    for candidate in registry.ADAPTERS:
+        code = getattr(candidate.probe, "__code__", None)
+        if code is not None:
+            owners.setdefault(code, []).append(candidate.name)
+    frames = [f.f_code for f, _ in traceback.walk_tb(exc.__traceback__) if f.f_code in owners]
+    innermost = owners[frames[-1]] if frames else []
+    return innermost[0] if len(innermost) == 1 else adapter.name
+
+
+def _blocker(adapter: Adapter) -> str | None:
+    """The first adapter ``adapter`` requires that is not in force, with why, or None."""
+    for name in adapter.requires:
+        state, reason = _engine.outcome.get(name, (None, ""))
+        if state in BROKEN:
+            return f"it needs {name!r}, which is {state.value}: {reason}"
+    return None
+
+
+def _decide(adapter: Adapter, strict: bool) -> Probe | None:
+    """Run ``adapter``'s probe. An unknown shape is recorded on the adapter and raised in
+    strict mode (naming the adapter whose probe met it); otherwise warned about: None."""
+    try:
+        return adapter.probe()
+    except UnknownShape as exc:
+        culprit = _culprit(adapter, exc)
+        message = f"adapter {culprit!r} {exc}"
+        if culprit != adapter.name:
+            message += f" (asked by {adapter.name!r})"
+        _engine.outcome[adapter.name] = (State.UNKNOWN_SHAPE, message)
+        if strict:
+            raise AdapterError(culprit, f"{message} (SPECSHIM_STRICT=1)") from exc
+        warnings.warn(message, ShapeWarning, stacklevel=4)
+        return None
+
+
+def _patch(adapter: Adapter, probe: Probe) -> None:
+    """Apply ``adapter``'s patches; on a failure undo them and raise, naming the adapter."""
+    patches: list[Patch] = []
+    try:
+        patches = adapter.patches()
+        for patch in patches:
+            patch.apply()
+    except Exception as exc:
+        for patch in reversed(patches):
+            patch.revert()
+        message = f"adapter {adapter.name!r} failed to apply: {exc}"
+        _engine.outcome[adapter.name] = (State.FAILED, message)
+        raise AdapterError(adapter.name, message) from exc
+    _engine.applied[adapter.name] = patches
+    _engine.outcome[adapter.name] = (State.APPLIED, probe.reason)
+
+
+def _roll_back(
+    adapters: list[Adapter], tried: list[str], done: list[str], exc: AdapterError
+) -> None:
+    """Undo the group's applied adapters, newest first, and mark them and the untried ones
+    rolled back, naming the cause; what the group's probes decided otherwise stays. The
+    culprit, when the probe of another met its shape first, gets its own state."""
+    for name in reversed(done):
+        for patch in reversed(_engine.applied.pop(name)):
+            patch.revert()
+        _engine.outcome[name] = (State.ROLLED_BACK, f"undone: {exc}")
+    shape = isinstance(exc.__cause__, UnknownShape)
+    for adapter in adapters:
+        if adapter.name == exc.adapter and adapter.name not in tried:
+            state = State.UNKNOWN_SHAPE if shape else State.FAILED
+            _engine.outcome[adapter.name] = (state, str(exc))
+        elif adapter.name not in tried:
+            _engine.outcome[adapter.name] = (State.ROLLED_BACK, f"not tried: {exc}")
+
+
 def _apply_group(adapters: list[Adapter], strict: bool) -> None:
-    """Probe and patch ``adapters`` (all importable now); on a failure undo the whole group."""
+    """Probe and patch ``adapters`` (all importable now); on a failure undo the whole group
+    and raise :class:`AdapterError`. An unknown shape is that failure in strict mode;
+    otherwise it is warned about and only the adapters it concerns stay out."""
+    tried: list[str] = []
     done: list[str] = []
     try:
         for adapter in adapters:
-            if any(_engine.outcome.get(d, (None,))[0] is State.FAILED for d in adapter.requires):
-                raise AdapterError(f"adapter {adapter.name!r}: a required adapter failed")
-            try:
-                probe = adapter.probe()
-            except UnknownShape as exc:
-                message = f"adapter {adapter.name!r} {exc}"
-                if strict:
-                    raise AdapterError(message) from exc
-                warnings.warn(message, ShapeWarning, stacklevel=3)
-                _engine.outcome[adapter.name] = (State.UNKNOWN_SHAPE, str(exc))
+            tried.append(adapter.name)
+            probe = _decide(adapter, strict)
+            if probe is None:
                 continue
             if probe.decision is not Decision.NEEDED:
                 state = {
@@ -179,30 +292,35 @@ def _apply_group(adapters: list[Adapter], strict: bool) -> None:
                     Decision.NOT_APPLICABLE: State.NOT_APPLICABLE,
                 }[probe.decision]
                 _engine.outcome[adapter.name] = (state, probe.reason)
-                continue
-            patches: list[Patch] = []
-            try:
-                patches = adapter.patches()
-                for patch in patches:
-                    patch.apply()
-            except Exception as exc:
-                for patch in reversed(patches):
-                    patch.revert()
-                raise AdapterError(f"adapter {adapter.name!r} failed to apply: {exc}") from exc
-            _engine.applied[adapter.name] = patches
-            _engine.outcome[adapter.name] = (State.APPLIED, probe.reason)
-            done.append(adapter.name)
+            elif blocker := _blocker(adapter):
+                _engine.outcome[adapter.name] = (State.ROLLED_BACK, f"not applied: {blocker}")
+            else:
+                _patch(adapter, probe)
+                done.append(adapter.name)
     except AdapterError as exc:
-        for name in reversed(done):
-            for patch in reversed(_engine.applied.pop(name)):
-                patch.revert()
-        for adapter in adapters:
-            _engine.outcome[adapter.name] = (State.FAILED, str(exc))
+        _roll_back(adapters, tried, done, exc)
         raise
 
 
+def _rearm(loaded: ModuleType, adapters: list[Adapter]) -> None:
+    """After a strict failure inside ``loaded``'s import: its adapters wait again and the hook
+    is registered again, so importing it a second time meets the same check instead of
+    running unpatched. The module leaves ``sys.modules`` first (importlib drops a module whose
+    import raised anyway; wrapt would otherwise call the hook at once)."""
+    import wrapt
+
+    _engine.waiting |= {a.name for a in adapters}
+    sys.modules.pop(loaded.__name__, None)
+    wrapt.register_post_import_hook(_on_import, loaded.__name__)
+
+
 def _on_import(loaded: ModuleType) -> None:
-    """Post-import hook: apply every waiting adapter whose modules are all imported now."""
+    """Post-import hook: apply every waiting adapter whose modules are all imported now.
+
+    A failure fails the import in strict mode (the importer gets the :class:`AdapterError`);
+    otherwise it is warned about and kept in the report (``status()`` shows it, ``ok`` is
+    False), since raising would break every import of vLLM or speculators.
+    """
     with _engine.lock:
         ready = [
             a for a in registry.ADAPTERS if a.name in _engine.waiting and _ready(a, loaded.__name__)
@@ -213,8 +331,9 @@ def _on_import(loaded: ModuleType) -> None:
         try:
             _apply_group(ready, _engine.strict)
         except AdapterError as exc:
-            # Raising inside an import would break the user's import of vLLM or speculators;
-            # the failure is kept in the report (status() shows it) and warned about here.
+            if _engine.strict:
+                _rearm(loaded, ready)
+                raise
             warnings.warn(str(exc), ShapeWarning, stacklevel=2)
 
 
@@ -228,24 +347,40 @@ def _wait_for(adapter: Adapter) -> None:
             _engine.hooked_modules.add(module_name)
 
 
+def _undo() -> None:
+    """Revert every applied patch, newest first, and forget every outcome and wait."""
+    for adapter in reversed(registry.ADAPTERS):
+        for patch in reversed(_engine.applied.pop(adapter.name, [])):
+            patch.revert()
+    _engine.waiting.clear()
+    _engine.outcome.clear()
+
+
 def apply(
     *,
-    only: Iterable[str] | None = None,
-    exclude: Iterable[str] | None = None,
+    only: str | Iterable[str] | None = None,
+    exclude: str | Iterable[str] | None = None,
     strict: bool | None = None,
 ) -> Report:
     """Apply every needed adapter (or ``only`` those, minus ``exclude``), all-or-nothing.
 
-    Safe to call again: what is applied stays applied and the report says nothing changed.
-    Raises :class:`AdapterError` naming the adapter when a needed one cannot be applied.
+    ``only`` and ``exclude`` take adapter names; a single string is one name. Safe to call
+    again: with the same selection what is applied stays applied and the report says nothing
+    changed; with a selection that leaves out an applied (or waiting) adapter, everything is
+    reverted first and the new selection applied (patches may stack on one attribute, so
+    they come off newest first), so what is applied is always what ``SPECSHIM_APPLY`` records
+    for the workers. Raises :class:`AdapterError` naming the adapter when a needed one cannot
+    be applied, :class:`TypeError` or :class:`ValueError` for a bad name.
     """
-    only = None if only is None else list(only)
-    exclude = sorted(set(exclude or ()) | _env_list(DISABLE_ENV))
+    only = _names(only, "only")
+    exclude = sorted(set(_names(exclude, "exclude") or ()) | _env_list(DISABLE_ENV))
     strict = os.environ.get(STRICT_ENV, "") == "1" if strict is None else strict
     with _engine.lock:
         _engine.strict = strict
         before = dict(_engine.outcome)
         selected = _selection(only, exclude)
+        if (set(_engine.applied) | _engine.waiting) - {a.name for a in selected}:
+            _undo()
         now: list[Adapter] = []
         for adapter in selected:
             if adapter.name in _engine.applied or adapter.name in _engine.waiting:
@@ -292,11 +427,7 @@ def revert() -> Report:
     """Undo every applied patch, newest first, restoring each original object by identity."""
     with _engine.lock:
         before = dict(_engine.outcome)
-        for adapter in reversed(registry.ADAPTERS):
-            for patch in reversed(_engine.applied.pop(adapter.name, [])):
-                patch.revert()
-        _engine.waiting.clear()
-        _engine.outcome.clear()
+        _undo()
         os.environ.pop(APPLY_ENV, None)
         return _report(changed=bool(before))
 

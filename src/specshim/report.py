@@ -53,6 +53,9 @@ class FullReport:
         width = max(len(a.name) for a in self.adapters.adapters)
         for a in self.adapters.adapters:
             lines.append(f"  {a.name:<{width}}  {a.state.value:<15} {a.reason}")
+        if self.adapters.broken:
+            names = ", ".join(f"{a.name} ({a.state.value})" for a in self.adapters.broken)
+            lines += ["", f"not in force: {names}; speculators would run without them"]
         if self.import_error:
             lines += ["", f"importing speculators' generator failed: {self.import_error}"]
         lines += ["", f"verdict: {self.verdict.status}: {self.verdict.detail}"]
