@@ -6,6 +6,8 @@ reads the installed code and every patch lands on the real targets.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 
 import specshim
 from conftest import speculators_path
+from specshim import engine
 from specshim.adapters import registry
 from specshim.adapters.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR, WORKER
@@ -85,3 +88,20 @@ def test_apply_twice_equals_apply_once(consumers, subset: set[str]) -> None:
         assert all(snapshot(consumers)[k] is v for k, v in state.items())
     finally:
         specshim.revert()
+
+
+def test_excluding_an_applied_adapter_takes_its_patch_off(consumers) -> None:
+    """apply() then apply(exclude=[...]): the excluded adapter's patch comes off the real
+    executor, and the selection recorded for vLLM's workers says the same."""
+    before = snapshot(consumers)
+    try:
+        specshim.apply()
+        assert "collective_rpc" in vars(installed_executor_class())
+        report = specshim.apply(exclude=["rpc_reply_shape"])
+        assert "rpc_reply_shape" not in report.applied and "kv_cache_config" in report.applied
+        assert "collective_rpc" not in vars(installed_executor_class())
+        assert json.loads(os.environ[engine.APPLY_ENV])["exclude"] == ["rpc_reply_shape"]
+    finally:
+        specshim.revert()
+    after = snapshot(consumers)
+    assert all(after[k] is v for k, v in before.items())
