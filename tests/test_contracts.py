@@ -204,3 +204,77 @@ def test_triage_flags_a_moved_fact_no_adapter_covers(tmp_path: Path) -> None:
         result.stdout
     )
     assert result.returncode == 1
+
+
+def recorded_states(snapshot: dict, speculators: str) -> dict[str, tuple[str, str]]:
+    return {name: (state, "") for name, state in snapshot["decisions"][speculators].items()}
+
+
+def test_a_moved_fact_counts_as_covered_only_where_its_adapter_decided() -> None:
+    """Between 0.28.0 and 0.32.0 every moved fact's adapters decided on 0.32.0 (the probes'
+    recorded states); the same move with one reader at an unknown shape, or disabled, is
+    named with that adapter."""
+    old, new = by_version()["0.28.0"], by_version()["0.32.0"]
+    changes = contracts.diff(old, new)
+    states = recorded_states(new, "0.3.0")
+    assert contracts.unhandled(changes, states) == []
+    layout = "exists:vllm.v1.executor.multiproc_executor:MultiprocExecutor.set_kv_cache_layout"
+    states["kv_cache_layout"] = ("unknown shape", "expected a layout, found none")
+    states["attention_block_size"] = ("disabled", "SPECSHIM_DISABLE or exclude")
+    found = {(u.change.key, u.adapter, u.state) for u in contracts.unhandled(changes, states)}
+    assert (layout, "kv_cache_layout", "unknown shape") in found
+    assert {adapter for _, adapter, _ in found} == {"kv_cache_layout", "attention_block_size"}
+
+
+def test_triage_without_snapshots_says_to_pass_against(tmp_path: Path) -> None:
+    """Outside a checkout there is no tests/contracts: one line, saying what to pass and where
+    snapshots live, before vLLM is imported."""
+    cmd = [sys.executable, "-m", "specshim.cli", "triage"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "no recorded snapshots (vllm-*.json) in tests/contracts" in result.stderr
+    assert "pass --against FILE" in result.stderr
+    assert "specshim snapshot --out FILE" in result.stderr
+
+
+def test_triage_of_a_snapshot_that_is_not_json_names_the_file(tmp_path: Path) -> None:
+    broken = tmp_path / "vllm-0.32.0.json"
+    broken.write_text("{not json")
+    cmd = [sys.executable, "-m", "specshim.cli", "triage", "--against", str(broken)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert f"{broken}: expected a specshim snapshot (JSON)" in result.stderr
+
+
+@pytest.mark.vllm
+def test_triage_fails_on_a_live_change_no_probe_decided() -> None:
+    """Two upstream changes simulated live on the real vLLM (tests/upstream_changes.py):
+    collective_rpc's keyword renamed (rpc_reply_shape meets an unknown shape) and a new
+    required Request parameter while request_eos_token_id, which reads that signature, is
+    disabled (its probe never runs). Both facts have an adapter; neither was shown to
+    handle the move, so triage names fact and adapter and exits 1."""
+    pytest.importorskip("vllm")
+    from conftest import speculators_path
+
+    tests = Path(__file__).resolve().parent
+    against = ROOT / "tests" / "contracts" / "vllm-0.32.0.json"
+    code = (
+        "import sys, upstream_changes\n"
+        "upstream_changes.rename_rpc_reply_rank()\n"
+        "upstream_changes.require_request_parameter()\n"
+        "from specshim import cli\n"
+        f"sys.exit(cli.main(['triage', '--against', {str(against)!r}]))\n"
+    )
+    path = os.pathsep.join([str(tests), str(speculators_path("0.3.0"))])
+    env = {**os.environ, "PYTHONPATH": path, "SPECSHIM_DISABLE": "request_eos_token_id"}
+    env.pop("SPECSHIM_APPLY", None)
+    command = [sys.executable, "-c", code]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    out = result.stdout
+    assert "moved facts no adapter covers: 0" in out, out[-3000:] + result.stderr[-3000:]
+    assert "moved facts whose adapter did not decide on this installation: 2" in out
+    rpc = "signature:vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc"
+    assert f"  {rpc}  [rpc_reply_shape: unknown shape: adapter 'rpc_reply_shape' expected" in out
+    assert "  signature:vllm.v1.request:Request.__init__  [request_eos_token_id: disabled: " in out
+    assert result.returncode == 1

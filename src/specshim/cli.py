@@ -117,14 +117,33 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _triage_baseline(args: argparse.Namespace) -> Path:
+    """The snapshot to compare with: ``--against``, else the recorded one nearest to the
+    installed vLLM in ``--contracts``; checked before vLLM is imported, so a missing one is
+    one line that says what to pass."""
+    from specshim import contracts, versions
+
+    if args.against is not None:
+        return args.against
+    installed = versions.vllm().version
+    if installed is None:
+        raise ValueError("vLLM is not installed: triage reads the installed vLLM")
+    recorded = sorted(args.contracts.glob("vllm-*.json"))
+    if not recorded:
+        raise FileNotFoundError(
+            f"no recorded snapshots (vllm-*.json) in {args.contracts}: they live in a specshim "
+            "checkout's tests/contracts, and `specshim snapshot --out FILE` records one on a "
+            "vLLM you trust; pass --against FILE (or --contracts DIR)"
+        )
+    return contracts.nearest(recorded, installed)
+
+
 def _triage(args: argparse.Namespace) -> int:
     from specshim import contracts, report
 
-    now = contracts.snapshot()
-    against = args.against or contracts.nearest(
-        sorted(args.contracts.glob("vllm-*.json")), now["vllm"]
-    )
+    against = _triage_baseline(args)
     old = contracts.load(against)
+    now = contracts.snapshot()
     changes = contracts.diff(old, now)
     print(f"vLLM {now['vllm']} ({now['distribution']}) against {against} (vLLM {old['vllm']})")
     print(f"\nupstream facts that moved: {len(changes)}")
@@ -135,12 +154,18 @@ def _triage(args: argparse.Namespace) -> int:
     for change in uncovered:
         print(f"  {change.key}")
     full = report.build()
+    states = {a.name: (a.state.value, a.reason) for a in full.adapters.adapters}
+    unhandled = contracts.unhandled(changes, states)
+    print(f"\nmoved facts whose adapter did not decide on this installation: {len(unhandled)}")
+    for item in unhandled:
+        print(f"  {item.line()}")
     print("\nadapters on this installation:")
     for adapter in full.adapters.adapters:
         print(f"  {adapter.name:<34} {adapter.state.value:<15} {adapter.reason}")
     if full.import_error:
         print(f"\nimporting speculators' generator failed: {full.import_error}")
-    return 1 if uncovered or full.import_error or not full.adapters.ok else 0
+    needs_a_human = uncovered or unhandled or full.import_error or not full.adapters.ok
+    return 1 if needs_a_human else 0
 
 
 def _eval(args: argparse.Namespace) -> int:

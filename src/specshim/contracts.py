@@ -231,8 +231,11 @@ def save(path: Path, data: dict[str, Any]) -> None:
 
 
 def load(path: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text())
-    if data.get("schema") != SCHEMA:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: expected a specshim snapshot (JSON), {exc}") from exc
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ValueError(f"{path}: expected a specshim snapshot (schema {SCHEMA})")
     return data
 
@@ -265,6 +268,41 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
                 label = key if section == "facts" else f"import:{key}"
                 changes.append(Change(label, before.get(key), after.get(key), owners.get(key, ())))
     return changes
+
+
+#: The states in which an adapter's probe ran on this installation and decided.
+DECIDED = frozenset({"applied", "not needed", "not applicable"})
+
+
+@dataclass(frozen=True)
+class Unhandled:
+    """A moved fact, and an adapter reading it whose probe did not decide on this
+    installation (its state and why)."""
+
+    change: Change
+    adapter: str
+    state: str
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.change.key}  [{self.adapter}: {self.state}: {self.reason}]"
+
+
+def unhandled(changes: list[Change], states: dict[str, tuple[str, str]]) -> list[Unhandled]:
+    """The moved facts no adapter was shown to handle on this installation.
+
+    Naming an adapter is not enough: a fact that moved counts as covered only when every
+    adapter reading it ran its probe on the installed code and decided (``DECIDED``). An
+    unknown shape, a failure, a rollback, or a probe that never ran (disabled, waiting for a
+    module) means nobody has looked at the new shape. ``states`` maps each adapter to its
+    (state, reason), as ``specshim report`` gives them.
+    """
+    return [
+        Unhandled(change, name, *states.get(name, ("not reported", "")))
+        for change in changes
+        for name in change.adapters
+        if states.get(name, ("",))[0] not in DECIDED
+    ]
 
 
 def nearest(snapshots: list[Path], version: str) -> Path:
