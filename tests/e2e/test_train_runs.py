@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import speculators_path
 from e2e.test_train import specshim
 from specshim import cli
 from specshim.runner import files
-from specshim.runner.train import LOG_FILE, SETTINGS_FILE
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("speculators_importable")]
+
+#: What a run writes into --out: its log and the settings a resume must match.
+LOG, SETTINGS = "train_log.json", "train_settings.json"
 
 SAMPLES, TOKENS = 8, 40
 
@@ -83,7 +86,15 @@ def snapshot(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
+@pytest.fixture
+def speculators_importable(monkeypatch) -> None:
+    """speculators 0.4.0.1 importable in-process, as in the subprocess runs: the refusals
+    below come before any import of it, but without them the command would train."""
+    monkeypatch.syspath_prepend(str(speculators_path("0.4.0.1")))
+
+
 def in_process(capsys, *argv: str) -> tuple[int, str, list[str]]:
+    """``specshim ARGV`` in this process: exit status, stdout, stderr lines."""
     code = cli.main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err.splitlines()
@@ -91,7 +102,7 @@ def in_process(capsys, *argv: str) -> tuple[int, str, list[str]]:
 
 def test_training_shows_steps_epoch_loss_and_throughput(first_run) -> None:
     out, result = first_run
-    steps = json.loads((out / LOG_FILE).read_text())["steps"]
+    steps = json.loads((out / LOG).read_text())["steps"]
     final = result.stderr.split("\r")[-1]  # the bar's last drawing
     assert "epoch 1/1: 100%" in final and f"{steps}/{steps}" in final, result.stderr[-2000:]
     assert "loss " in final and "tok/s" in final
@@ -143,11 +154,11 @@ def test_the_same_data_by_a_relative_path_is_the_same_setting(
 
 
 def test_resume_appends_to_the_log_and_says_where_it_continued(inputs, earlier) -> None:
-    first = json.loads((earlier / LOG_FILE).read_text())
+    first = json.loads((earlier / LOG).read_text())
     result = specshim("0.4.0.1", *args(inputs, earlier, "--epochs", "2", "--resume"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming from {earlier / 'checkpoints' / '0'} (epoch 1 of 2 done" in result.stderr
-    log = json.loads((earlier / LOG_FILE).read_text())
+    log = json.loads((earlier / LOG).read_text())
     steps = first["steps"]
     assert log["losses"][:steps] == first["losses"]
     assert log["step_epochs"] == [0] * steps + [1] * steps
@@ -156,7 +167,8 @@ def test_resume_appends_to_the_log_and_says_where_it_continued(inputs, earlier) 
 
 def test_overwrite_removes_the_earlier_run_and_only_it(capsys, inputs, earlier) -> None:
     shutil.copytree(earlier / "checkpoints" / "0", earlier / "checkpoints" / "1")
-    (earlier / "served").mkdir()  # an export of the earlier run, by `specshim eval`
+    (earlier / "served").mkdir()  # `specshim eval`'s export of the earlier run, and results
+    (earlier / "eval").mkdir()
     (earlier / "notes.txt").write_text("mine")
     before = snapshot(earlier)
     code, _, err = in_process(capsys, *args(inputs, earlier, "--epochs", "1", "--overwrite"))
@@ -165,7 +177,7 @@ def test_overwrite_removes_the_earlier_run_and_only_it(capsys, inputs, earlier) 
     (earlier / "notes.txt").unlink()
     result = specshim("0.4.0.1", *args(inputs, earlier, "--epochs", "1", "--overwrite"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in earlier.iterdir()) == ["checkpoints", LOG_FILE, SETTINGS_FILE]
+    assert sorted(p.name for p in earlier.iterdir()) == ["checkpoints", LOG, SETTINGS]
     assert sorted(p.name for p in (earlier / "checkpoints").iterdir()) == ["0"]
-    log = json.loads((earlier / LOG_FILE).read_text())
+    log = json.loads((earlier / LOG).read_text())
     assert set(log["step_epochs"]) == {0}

@@ -45,8 +45,9 @@ LOG_FILE = "train_log.json"
 SETTINGS_FILE = "train_settings.json"
 #: Where ``overwrite`` moves the earlier run before deleting it (a kill midway leaves only it).
 TRASH = ".overwritten"
-#: What a run writes into ``--out`` (``served*``: ``specshim eval``'s exports of its checkpoints).
-RUN_FILES = ("checkpoints", LOG_FILE, SETTINGS_FILE, TRASH)
+#: What a run writes into ``--out``, with what ``specshim eval`` adds there (``served*``: the
+#: exports of its checkpoints; ``eval``: their results): all of it is the run's, to overwrite.
+RUN_FILES = ("checkpoints", LOG_FILE, SETTINGS_FILE, TRASH, "eval")
 
 
 @dataclass
