@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from specshim.engine import AdapterError, Report, State
 
 __all__ = ["AdapterError", "Report", "State", "__version__", "apply", "revert", "status"]
-__version__ = "0.1.0"
 
 
 def apply(
@@ -54,4 +53,8 @@ def __getattr__(name: str) -> Any:
         from specshim import engine
 
         return getattr(engine, name)
+    if name == "__version__":  # the installed distribution's, so there is one source of truth
+        from importlib import metadata
+
+        return metadata.version("specshim")
     raise AttributeError(f"module 'specshim' has no attribute {name!r}")

@@ -206,7 +206,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    import specshim
+
     root = argparse.ArgumentParser(prog="specshim", description=__doc__)
+    root.add_argument("--version", action="version", version=f"specshim {specshim.__version__}")
     commands = root.add_subparsers(dest="command", required=True)
     rep = commands.add_parser("report", help="versions, accelerator, adapters and the verdict")
     rep.add_argument("--json", action="store_true", help="machine-readable output")
