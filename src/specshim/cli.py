@@ -310,8 +310,20 @@ def parser() -> argparse.ArgumentParser:
     snap.set_defaults(handler=_snapshot)
 
     tri = commands.add_parser("triage", help="diff this vLLM against the nearest snapshot")
-    tri.add_argument("--against", type=Path, default=None, help="a snapshot to compare with")
-    tri.add_argument("--contracts", type=Path, default=Path("tests/contracts"))
+    tri.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a snapshot to compare with (default: the one in --contracts nearest this vLLM)",
+    )
+    tri.add_argument(
+        "--contracts",
+        type=Path,
+        default=Path("tests/contracts"),
+        metavar="DIR",
+        help="recorded snapshots, vllm-*.json (default: tests/contracts, as in a checkout)",
+    )
     tri.set_defaults(handler=_triage)
 
     ev = commands.add_parser("eval", help="acceptance of a draft in vLLM's EAGLE-3 decoding")
