@@ -168,3 +168,14 @@ def test_a_narrower_selection_reverts_what_it_leaves_out(monkeypatch, fake_modul
     assert report["b"].state is specshim.State.DISABLED
     assert engine.json.loads(engine.os.environ[engine.APPLY_ENV])["exclude"] == ["b"]
     assert specshim.apply(only=["c"]).applied == ("c",) and fake_module.a is original
+
+
+def test_a_failed_apply_still_records_its_selection(monkeypatch, fake_module) -> None:
+    """apply() then a narrower apply() that fails: the earlier selection is reverted, so the
+    workers must be told the new one, not re-apply the old."""
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b"), fake_adapter("c", fail=True))
+    specshim.apply(exclude=["c"])
+    with pytest.raises(specshim.AdapterError, match="adapter 'c' failed to apply"):
+        specshim.apply(exclude=["b"])
+    assert fake_module.b is original and fake_module.a is original
+    assert engine.json.loads(engine.os.environ[engine.APPLY_ENV])["exclude"] == ["b"]

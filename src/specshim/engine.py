@@ -404,8 +404,10 @@ def apply(
             reason = "SPECSHIM_DISABLE or exclude" if name in exclude else "not in only="
             if name not in _engine.applied:
                 _engine.outcome[name] = (State.DISABLED, reason)
-        _apply_group(now, strict)
+        # recorded first: what is applied (or waiting) now is this selection even when the
+        # group below fails, and the workers must not go on applying an earlier one
         os.environ[APPLY_ENV] = json.dumps({"only": only, "exclude": exclude, "strict": strict})
+        _apply_group(now, strict)
         return _report(changed=_engine.outcome != before)
 
 
