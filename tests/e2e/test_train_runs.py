@@ -157,7 +157,8 @@ def test_resume_appends_to_the_log_and_says_where_it_continued(inputs, earlier) 
     first = json.loads((earlier / LOG).read_text())
     result = specshim("0.4.0.1", *args(inputs, earlier, "--epochs", "2", "--resume"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resuming from {earlier / 'checkpoints' / '0'} (epoch 1 of 2 done" in result.stderr
+    where = f"resuming from {earlier / 'checkpoints' / '0'} (1 of 2 epochs done; training epoch 2)"
+    assert where in result.stderr
     log = json.loads((earlier / LOG).read_text())
     steps = first["steps"]
     assert log["losses"][:steps] == first["losses"]

@@ -545,9 +545,10 @@ def _prepare_out(out: Path, settings: Settings, resume: bool, overwrite: bool, e
             note(f"set aside a half-written checkpoint: {path}")
         done = trained_epochs(out / "checkpoints")
         if done:
+            left = f"epoch {epochs}" if done + 1 == epochs else f"epochs {done + 1} to {epochs}"
             note(
                 f"resuming from {out / 'checkpoints' / str(done - 1)} "
-                f"(epoch {done} of {epochs} done; training epochs {done + 1} to {epochs})"
+                f"({done} of {epochs} epochs done; training {left})"
             )
         else:
             note(f"--resume: no checkpoint in {out}; starting from epoch 1")
