@@ -58,19 +58,23 @@ def _layers(text: str) -> list[int]:
 
 
 def _extract(args: argparse.Namespace) -> int:
+    """Run the extraction; vLLM's log goes to stderr unless ``--verbose``, so stdout holds
+    only the summary."""
     from specshim.runner import extract
 
-    summary = extract.extract(
-        args.model,
-        args.data,
-        args.out,
-        layers=args.layers,
-        max_model_len=args.max_model_len,
-        batch_size=args.batch_size,
-        tensor_parallel_size=args.tensor_parallel_size,
-        truncate=args.truncate,
-        skip_bad=args.skip_bad,
-    )
+    with contextlib.nullcontext() if args.verbose else _stdout_to_stderr():
+        summary = extract.extract(
+            args.model,
+            args.data,
+            args.out,
+            layers=args.layers,
+            max_model_len=args.max_model_len,
+            batch_size=args.batch_size,
+            tensor_parallel_size=args.tensor_parallel_size,
+            truncate=args.truncate,
+            skip_bad=args.skip_bad,
+            verify=args.verify,
+        )
     print(summary.text())
     return 0
 
@@ -220,18 +224,37 @@ def parser() -> argparse.ArgumentParser:
     )
     rep.set_defaults(handler=_report)
 
-    ext = commands.add_parser("extract", help="hidden states through speculators, patched")
+    ext = commands.add_parser(
+        "extract", help="hidden states through speculators, patched", formatter_class=DefaultsShown
+    )
     ext.add_argument("--model", required=True, help="verifier model directory or hub id")
     ext.add_argument("--data", required=True, type=Path, help="JSONL (ids or chats) or dataset")
     ext.add_argument("--out", required=True, type=Path, help="output directory (resumable)")
     ext.add_argument(
-        "--layers", type=_layers, default=None, help="speculators layer ids, e.g. 2,16,29"
+        "--layers",
+        type=_layers,
+        default=None,
+        help="distinct speculators layer ids, e.g. 2,16,29,31 (default: speculators' rule "
+        "[2, n/2, n-3, n-1], or the last four layers where that repeats an id)",
     )
-    ext.add_argument("--max-model-len", type=int, default=2048)
-    ext.add_argument("--batch-size", type=int, default=8)
-    ext.add_argument("--tensor-parallel-size", type=int, default=1)
-    ext.add_argument("--truncate", action="store_true", help="truncate over-long samples")
+    ext.add_argument(
+        "--max-model-len", type=int, default=2048, help="vLLM's context; longer rows: --truncate"
+    )
+    ext.add_argument("--batch-size", type=int, default=8, help="rows per generator call (>= 1)")
+    ext.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM workers (>= 1)")
+    ext.add_argument(
+        "--truncate", action="store_true", help="truncate rows to --max-model-len - 1 tokens"
+    )
     ext.add_argument("--skip-bad", action="store_true", help="skip and count bad rows")
+    ext.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the run, re-extract N random samples one at a time and compare them with "
+        "the batched files (5%% relative norm per token)",
+    )
+    ext.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     ext.set_defaults(handler=_extract)
 
     voc = commands.add_parser(
@@ -362,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"specshim {args.command}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (what was saved), no traceback
+        print(f"specshim {args.command}: {exc or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

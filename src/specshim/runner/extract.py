@@ -3,14 +3,26 @@
 Output is what speculators 0.3/0.4 training reads: ``data_{i}.pt`` (``input_ids``, a list of
 ``[seq, hidden]`` tensors, ``loss_mask``), ``token_freq.pt``, ``sample_lengths.json`` and
 ``data_config.json``. Every file is written atomically, so a run killed at any moment leaves
-only whole files; running again skips the samples already written and neither loses nor
-duplicates one.
+only whole files.
+
+Resume is tied to content, not to positions: once ``data_{i}.pt`` is in place, its entry in
+``specshim_extract_done.jsonl`` records a fingerprint of the row it came from (its token ids
+and loss mask as written, the model and the layer ids) and the file's size and modification
+time. A rerun keeps a sample only when its row's fingerprint and the file both still match
+that entry; everything else (a row edited, inserted, removed or moved, a file emptied,
+truncated or replaced, a file written but not yet recorded when the run was killed) is
+extracted again, and ``data_{i}.pt`` beyond the current number of samples are removed, so
+the folder always holds exactly one file per current row.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import random
+import re
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,13 +30,27 @@ from pathlib import Path
 from typing import Any
 
 from specshim.runner import dataset, files
+from specshim.runner import handoff as handoffs
 from specshim.runner.progress import Progress
 
 MANIFEST = "specshim_extract.json"
+LEDGER = "specshim_extract_done.jsonl"
+SAMPLE_FILE = re.compile(r"data_(\d+)\.pt")
+#: ``--verify``: the most a token's states may differ between the batched file and a
+#: single-request extraction, as ``|batched - single| / |single|`` per token and layer. bf16
+#: on the CPU differs by well under 1 % between batch shapes; a sample from another row, or
+#: batched states shifted by a token (speculators #279), differ by 50 % and more.
+VERIFY_TOLERANCE = 0.05
+#: The lowest value each numeric option takes.
+LOWEST = {"--batch-size": 1, "--max-model-len": 2, "--tensor-parallel-size": 1, "--verify": 0}
 
 
 class ExtractionError(RuntimeError):
     pass
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during extraction; its message is the one line to show."""
 
 
 @dataclass
@@ -36,29 +62,158 @@ class Summary:
     skipped: list[str] = field(default_factory=list)
     tokens_per_second: float = 0.0
     seconds: float = 0.0
+    redone: list[int] = field(default_factory=list)  # lines whose earlier file was not kept
+    removed: int = 0  # stale data_i.pt beyond the current samples
+    verified: str = ""
 
     def text(self) -> str:
         lines = [
             f"samples: {self.samples} ({self.extracted} extracted, {self.resumed} already done)",
             f"truncated to max_model_len - 1: {self.truncated}",
             f"skipped bad rows: {len(self.skipped)}",
-            f"throughput: {self.tokens_per_second:,.0f} tokens/s over {self.seconds:.1f} s",
+            f"throughput: {self.tokens_per_second:,.0f} tokens/s over {self.seconds:.1f} s "
+            "(tokens extracted / time from the engine's start to the last batch)",
         ]
+        if self.redone:
+            lines.append(
+                f"extracted again, their row changed or their file was damaged or unrecorded: "
+                f"{len(self.redone)} (first: line {self.redone[0]})"
+            )
+        if self.removed:
+            lines.append(f"removed data_i.pt beyond the current samples: {self.removed}")
+        if self.verified:
+            lines.append(self.verified)
         return "\n".join(lines + [f"  {s}" for s in self.skipped[:10]])
 
 
+@dataclass
+class Plan:
+    """What a run has to do in ``out``: the samples to extract, and what was found there."""
+
+    todo: list[dataset.Sample]
+    kept: list[files.Entry]
+    redone: list[int]
+    stale: list[Path]
+
+
+def check_numbers(
+    batch_size: int, max_model_len: int, tensor_parallel_size: int, verify: int
+) -> None:
+    """Refuse a numeric option below its lowest value with one line, before anything starts."""
+    given = {
+        "--batch-size": batch_size,
+        "--max-model-len": max_model_len,
+        "--tensor-parallel-size": tensor_parallel_size,
+        "--verify": verify,
+    }
+    for name, value in given.items():
+        if value < LOWEST[name]:
+            raise ExtractionError(f"{name} must be at least {LOWEST[name]}, got {value}")
+
+
+def model_config(model: str) -> Any:
+    """The model's transformers config; a folder that is not there is one line, not a hub
+    lookup (whose error talks about repo ids)."""
+    from transformers import AutoConfig
+
+    path = Path(model).expanduser()
+    if path.exists() and not (path / "config.json").is_file():
+        raise ExtractionError(f"--model {model}: no config.json there (expected a model folder)")
+    if not path.exists() and (model.startswith(("/", ".", "~")) or model.count("/") > 1):
+        raise ExtractionError(f"--model {model}: no such folder (expected a model folder)")
+    try:
+        return AutoConfig.from_pretrained(model, trust_remote_code=True)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ExtractionError(f"--model {model}: its config could not be read ({first})") from exc
+
+
+def _text_config(config: Any) -> Any:
+    """The language model's part of a config (a multimodal model's ``text_config``)."""
+    return config if hasattr(config, "num_hidden_layers") else config.text_config
+
+
+def default_layers(count: int) -> list[int]:
+    """speculators' rule, ``[2, n // 2, n - 3, n - 1]``, where it gives distinct ascending ids
+    (7 layers and more); the last four layers on a smaller model, where the rule repeats ids
+    (``[2, 2, 1, 3]`` on 4 layers) and its files would disagree with ``data_config.json``."""
+    if count < 4:
+        raise ExtractionError(
+            f"the model has {count} decoder layers; the default --layers needs at least 4 "
+            "(three layers for EAGLE-3 plus the last): pass --layers"
+        )
+    rule = [2, count // 2, count - 3, count - 1]
+    return rule if rule == sorted(set(rule)) else list(range(count - 4, count))
+
+
+def choose_layers(count: int, layers: list[int] | None) -> list[int]:
+    """The layer ids to capture on a model of ``count`` decoder layers: ``layers`` checked
+    (distinct, each in ``[0, count)``), or :func:`default_layers`."""
+    if layers is None:
+        return default_layers(count)
+    if not layers:
+        raise ExtractionError("--layers: expected at least one layer id")
+    if repeated := [k for k, n in Counter(layers).items() if n > 1]:
+        raise ExtractionError(f"--layers: {repeated[0]} is given twice (expected distinct ids)")
+    if outside := [k for k in layers if not 0 <= k < count]:
+        raise ExtractionError(
+            f"--layers: {outside[0]} is out of range: the model has {count} decoder layers "
+            f"(ids 0 to {count - 1})"
+        )
+    return layers
+
+
+def check_length(config: Any, max_model_len: int) -> None:
+    """Refuse a ``--max-model-len`` beyond the model's positions (times its RoPE scaling
+    factor, as vLLM counts them) before vLLM starts and refuses it."""
+    text = _text_config(config)
+    positions = getattr(text, "max_position_embeddings", None)
+    rope = getattr(text, "rope_scaling", None) or getattr(text, "rope_parameters", None) or {}
+    if positions is None:
+        return
+    longest = int(positions * (rope.get("factor") or 1))
+    if max_model_len > longest:
+        raise ExtractionError(
+            f"--max-model-len {max_model_len} is more than the model's {longest} positions "
+            "(max_position_embeddings in its config.json)"
+        )
+
+
+def prepare_out(out: Path) -> None:
+    """Create ``out`` and check it takes files; a file or a read-only place is one line."""
+    if out.exists() and not out.is_dir():
+        raise ExtractionError(f"--out {out} is a file (expected a folder)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ExtractionError(f"--out {out}: cannot write there ({exc.strerror})") from exc
+
+
+def _settings(model: str, data: Path, layers: list[int], max_model_len: int) -> dict[str, Any]:
+    """What a resumed run must share with the first one; paths compared resolved."""
+    local = Path(model).expanduser()
+    return {
+        "model": str(local.resolve()) if local.exists() else model,
+        "data": str(data.resolve()),
+        "layers": layers,
+        "max_model_len": max_model_len,
+    }
+
+
 def _check_manifest(out: Path, settings: dict[str, Any]) -> None:
+    """Refuse an ``out`` that holds an extraction with other settings."""
     path = out / MANIFEST
-    if path.exists():
-        previous = json.loads(path.read_text())
-        if previous != settings:
-            changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
-            raise ExtractionError(
-                f"{out} holds an extraction with other settings {changed} (was, now); "
-                "use a new --out directory or the same settings to resume"
-            )
-    else:
-        files.save_json(path, settings)
+    if not path.exists():
+        return
+    previous = json.loads(path.read_text())
+    if previous != settings:
+        changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+        raise ExtractionError(
+            f"{out} holds an extraction with other settings {changed} (was, now); "
+            "use a new --out directory or the same settings to resume"
+        )
 
 
 def _prepare(samples: list[dataset.Sample], limit: int, truncate: bool) -> int:
@@ -66,25 +221,81 @@ def _prepare(samples: list[dataset.Sample], limit: int, truncate: bool) -> int:
     if over and not truncate:
         first = over[0]
         raise ExtractionError(
-            f"sample {first.index} has {len(first.input_ids)} tokens, more than max_model_len - 1 "
-            f"= {limit} ({len(over)} such samples); raise --max-model-len or pass --truncate"
+            f"line {first.line} has {len(first.input_ids)} tokens, more than max_model_len - 1 "
+            f"= {limit} ({len(over)} such rows); raise --max-model-len or pass --truncate"
         )
     return len(over)
 
 
-def _record(result: dict[str, Any], sample: dataset.Sample, limit: int) -> dict[str, Any]:
+def fingerprint(sample: dataset.Sample, limit: int, settings: dict[str, Any]) -> str:
+    """sha256 of what ``data_{i}.pt`` is made from: the row's token ids and loss mask as
+    written (truncated to ``limit``), the model and the layer ids."""
+    made_from = [settings["model"], settings["layers"], sample.input_ids[:limit]]
+    return hashlib.sha256(json.dumps([*made_from, sample.loss_mask[:limit]]).encode()).hexdigest()
+
+
+def sample_file(sample: dataset.Sample) -> str:
+    return f"data_{sample.index}.pt"
+
+
+def plan(out: Path, samples: list[dataset.Sample], prints: list[str]) -> Plan:
+    """Split ``samples`` into those whose file is kept and those to extract (module doc)."""
+    entries = files.Ledger(out / LEDGER).entries()
+    todo, kept, redone = [], [], []
+    for sample, print_ in zip(samples, prints, strict=True):
+        entry = entries.get(sample_file(sample))
+        if entry is not None and entry.fingerprint == print_ and entry.still_there(out):
+            kept.append(entry)
+            continue
+        todo.append(sample)
+        if (out / sample_file(sample)).exists():
+            redone.append(sample.line)
+    stale = [
+        path
+        for path in out.glob("data_*.pt")
+        if (m := SAMPLE_FILE.fullmatch(path.name)) and int(m.group(1)) >= len(samples)
+    ]
+    return Plan(todo, kept, redone, stale)
+
+
+def _state_problem(state: Any, tokens: int) -> str | None:
+    """What is wrong with one layer's ``[tokens, hidden]`` states, or None."""
+    import torch
+
+    if state.shape[0] != tokens:
+        return f"states for {state.shape[0]} tokens, the row has {tokens}"
+    if not torch.isfinite(state).all():
+        return "states hold NaN or Inf"
+    if not state.any():
+        return "states are all zero"
+    return None
+
+
+def _checked(
+    result: dict[str, Any], sample: dataset.Sample, limit: int, layers: list[int]
+) -> dict[str, Any]:
+    """The sample's record, once its states are what the row asks for: the same token ids,
+    one state per token in every layer, finite, and not all zero (a layer vLLM did not
+    really run, as with hybrid targets: speculators #613)."""
     import torch
 
     ids = sample.input_ids[:limit]
+    where = f"line {sample.line} ({sample_file(sample)})"
     got = result["input_ids"].tolist()
     if got != ids:
         raise ExtractionError(
-            f"sample {sample.index}: the generator returned other input ids than it was given "
+            f"{where}: the generator returned other input ids than the row's "
             f"({len(got)} vs {len(ids)} tokens): refusing to write misaligned data"
         )
+    states = result["hidden_states"]
+    if len(states) != len(layers):
+        raise ExtractionError(f"{where}: {len(states)} layers of states for {len(layers)} ids")
+    for layer, state in zip(layers, states, strict=True):
+        if problem := _state_problem(state, len(ids)):
+            raise ExtractionError(f"{where}, layer {layer}: {problem}; refusing to write them")
     return {
         "input_ids": result["input_ids"],
-        "hidden_states": [h.contiguous() for h in result["hidden_states"]],
+        "hidden_states": [h.contiguous() for h in states],
         "loss_mask": torch.tensor(sample.loss_mask[:limit], dtype=torch.long),
     }
 
@@ -94,6 +305,15 @@ def _token_freq(samples: list[dataset.Sample], limit: int) -> dict[int, int]:
     for s in samples:
         counts.update(t for t, m in zip(s.input_ids[:limit], s.loss_mask[:limit], strict=True) if m)
     return dict(counts)
+
+
+def _config_current(out: Path, count: int) -> bool:
+    """True when ``data_config.json`` is there and counts ``count`` samples."""
+    try:
+        config = json.loads((out / "data_config.json").read_text())
+        return config["data"]["num_samples"] == count
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def extract(
@@ -107,7 +327,21 @@ def extract(
     truncate: bool = False,
     skip_bad: bool = False,
     progress: bool = True,
+    handoff: str = "auto",
+    verify: int = 0,
 ) -> Summary:
+    """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
+    resume keeps), then, with ``verify``, re-extract that many random samples one at a time
+    and compare them with the batched files. Every input and option is checked before vLLM
+    starts; ``specshim_extract.json`` is written only once it has."""
+    check_numbers(batch_size, max_model_len, tensor_parallel_size, verify)
+    config = model_config(model)
+    layers = choose_layers(_text_config(config).num_hidden_layers, layers)
+    check_length(config, max_model_len)
+    prepare_out(out)
+    settings = _settings(model, data, layers, max_model_len)
+    _check_manifest(out, settings)
+
     from transformers import AutoTokenizer
 
     import specshim
@@ -122,28 +356,21 @@ def extract(
         raise ExtractionError(f"{data} holds no usable samples")
     limit = max_model_len - 1
     truncated = _prepare(samples, limit, truncate)
-    out.mkdir(parents=True, exist_ok=True)
+    prints = [fingerprint(s, limit, settings) for s in samples]
     files.remove_partials(out)
-    _check_manifest(
-        out,
-        {"model": str(model), "data": str(data), "layers": layers, "max_model_len": max_model_len},
-    )
-    todo = [s for s in samples if not (out / f"data_{s.index}.pt").exists()]
-    bar = Progress(total=len(todo), visible=progress)
-    if todo:
-        with (
-            _generator(model, layers, max_model_len, tensor_parallel_size) as generator,
-            files.BackgroundWriter(depth=2 * batch_size) as writer,
-        ):
-            bar = Progress(total=len(todo), visible=progress)  # timed from the engine's start
-            for start in range(0, len(todo), batch_size):
-                batch = todo[start : start + batch_size]
-                results = generator.generate([s.input_ids for s in batch])
-                for sample, result in zip(batch, results, strict=True):
-                    writer.submit(out / f"data_{sample.index}.pt", _record(result, sample, limit))
-                bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
-            bar.finish()
+    work = plan(out, samples, prints)
+    for path in work.stale:
+        path.unlink()
+    files.Ledger(out / LEDGER).keep(work.kept)
+    bar = Progress(total=len(work.todo), visible=progress)
+    verified = ""
+    if work.todo or verify or not _config_current(out, len(samples)):
+        with _generator(model, layers, max_model_len, tensor_parallel_size, handoff) as generator:
+            files.save_json(out / MANIFEST, settings)
+            bar = _run(generator, out, work.todo, prints, samples, batch_size, limit, progress)
             _save_data_config(generator, out, data, max_model_len, len(samples))
+            if verify:
+                verified = _verify(generator, out, samples, verify, layers)
     files.save_torch(out / "token_freq.pt", _token_freq(samples, limit))
     files.save_json(
         out / "sample_lengths.json",
@@ -151,33 +378,125 @@ def extract(
     )
     return Summary(
         samples=len(samples),
-        extracted=len(todo),
-        resumed=len(samples) - len(todo),
+        extracted=len(work.todo),
+        resumed=len(work.kept),
         truncated=truncated,
         skipped=[str(e) for e in skipped],
         tokens_per_second=bar.tokens_per_second,
         seconds=bar.elapsed,
+        redone=work.redone,
+        removed=len(work.stale),
+        verified=verified,
     )
+
+
+def _run(
+    generator: Any,
+    out: Path,
+    todo: list[dataset.Sample],
+    prints: list[str],
+    samples: list[dataset.Sample],
+    batch_size: int,
+    limit: int,
+    progress: bool,
+) -> Progress:
+    """Extract ``todo`` in batches; each file is recorded in the ledger once it is in place.
+
+    Ctrl-C lets the writer finish what it was handed, then raises :class:`Interrupted`.
+    """
+    bar = Progress(total=len(todo), visible=progress)  # timed from the engine's start
+    ledger = files.Ledger(out / LEDGER)
+    try:
+        with files.BackgroundWriter(depth=2 * batch_size, ledger=ledger) as writer:
+            for start in range(0, len(todo), batch_size):
+                batch = todo[start : start + batch_size]
+                results = generator.generate([s.input_ids for s in batch])
+                for sample, result in zip(batch, results, strict=True):
+                    record = _checked(result, sample, limit, generator.layer_ids)
+                    writer.submit(out / sample_file(sample), record, prints[sample.index])
+                bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
+    except KeyboardInterrupt:
+        bar.finish()
+        done = len(samples) - len(todo) + bar.done
+        raise Interrupted(
+            f"interrupted after {bar.done} samples ({done} of {len(samples)} done); "
+            "run the same command to resume"
+        ) from None
+    bar.finish()
+    return bar
+
+
+def _verify(
+    generator: Any, out: Path, samples: list[dataset.Sample], count: int, layers: list[int]
+) -> str:
+    """Re-extract ``count`` random samples one request at a time and compare them with their
+    batched files (:data:`VERIFY_TOLERANCE`); a mismatch is an error naming the line."""
+    import torch
+
+    chosen = random.sample(samples, min(count, len(samples)))
+    worst = 0.0
+    for sample in chosen:
+        [single] = generator.generate([sample.input_ids])
+        saved = torch.load(out / sample_file(sample), weights_only=True)
+        if single["input_ids"].tolist() != saved["input_ids"].tolist():
+            raise ExtractionError(
+                f"--verify: line {sample.line} ({sample_file(sample)}): a single-request "
+                "extraction gives other input ids than the batched file"
+            )
+        for layer, got, want in zip(
+            layers, saved["hidden_states"], single["hidden_states"], strict=True
+        ):
+            error = _relative_error(got, want)
+            worst = max(worst, error)
+            if error > VERIFY_TOLERANCE:
+                raise ExtractionError(
+                    f"--verify: line {sample.line} ({sample_file(sample)}), layer {layer}: the "
+                    f"batched states differ from a single-request extraction by {error:.1%} "
+                    f"(tolerance {VERIFY_TOLERANCE:.0%}, relative norm per token)"
+                )
+    return (
+        f"verified: {len(chosen)} samples re-extracted one at a time match their batched files "
+        f"(worst {worst:.2%} relative norm per token, tolerance {VERIFY_TOLERANCE:.0%})"
+    )
+
+
+def _relative_error(got: Any, want: Any) -> float:
+    """The worst token's ``|got - want| / |want|`` (norms over the hidden dimension)."""
+    got, want = got.float(), want.float()
+    return ((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-12)).max().item()
 
 
 @contextlib.contextmanager
 def _generator(
-    model: str, layers: list[int] | None, max_model_len: int, tensor_parallel_size: int
+    model: str,
+    layers: list[int],
+    max_model_len: int,
+    tensor_parallel_size: int,
+    handoff: str = "auto",
 ) -> Iterator[Any]:
     """speculators' generator, with its vLLM workers shut down on the way out.
 
     Its own ``__del__`` would do it at interpreter exit, when its logger is already gone.
+    ``handoff`` is how the states leave the worker: ``"rpc"`` (speculators' own way),
+    ``"ipc"`` (CUDA IPC, :mod:`specshim.runner.handoff`) or ``"auto"`` (IPC where vLLM runs on
+    a CUDA device). A start that fails is one line; vLLM's log above it has the details.
     """
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
 
-    generator = VllmHiddenStatesGenerator(
-        model,
-        layer_ids=layers,
-        max_model_len=max_model_len,
-        tensor_parallel_size=tensor_parallel_size,
-    )
+    try:
+        generator = VllmHiddenStatesGenerator(
+            model,
+            layer_ids=layers,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+    except Exception as exc:  # whatever vLLM raised: the user gets its first line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ExtractionError(f"vLLM could not start {model}: {first}") from exc
+    if handoff == "ipc" or (handoff == "auto" and handoffs.available(generator)):
+        handoffs.share_through_cuda_ipc(generator)
     try:
         yield generator
     finally:

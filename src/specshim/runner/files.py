@@ -1,4 +1,9 @@
-"""Atomic writes: a file either holds its whole content or does not exist."""
+"""Atomic writes: a file either holds its whole content or does not exist.
+
+:class:`Ledger` records, after each atomic write, what a file was written from (a caller's
+fingerprint) and which file it was (size and modification time), so that a rerun can tell a
+file it may keep from one it must write again.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ import os
 import queue
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -46,6 +52,68 @@ def remove_partials(directory: Path) -> int:
     return len(stale)
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One finished file: its name, the caller's fingerprint of what it was written from, and
+    the size and modification time it had right after it was written."""
+
+    file: str
+    fingerprint: str
+    size: int
+    mtime_ns: int
+
+    def still_there(self, directory: Path) -> bool:
+        """True when ``directory/file`` is still the very file that was written.
+
+        A file truncated, emptied, replaced or rewritten since has another size or time; so does
+        an older file left where a rename was lost to a power failure. A file corrupted in
+        place with its size and time kept (bit rot) is not detected.
+        """
+        try:
+            stat = (directory / self.file).stat()
+        except OSError:
+            return False
+        return (stat.st_size, stat.st_mtime_ns) == (self.size, self.mtime_ns)
+
+
+class Ledger:
+    """An append-only log (one JSON object a line) of files written whole, beside them.
+
+    An entry is appended only after its file was renamed into place, so a file without an
+    entry (killed in between) is never trusted. A line torn by a kill mid-append is ignored,
+    and later entries for a file replace earlier ones. :meth:`keep` rewrites the log
+    atomically with only the entries the caller still trusts, so it does not grow with reruns.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def entries(self) -> dict[str, Entry]:
+        """The latest whole entry for each file name."""
+        found: dict[str, Entry] = {}
+        if not self.path.exists():
+            return found
+        for line in self.path.read_bytes().splitlines():
+            try:
+                entry = Entry(**json.loads(line))
+            except (ValueError, TypeError):  # a torn last line, or not ours
+                continue
+            found[entry.file] = entry
+        return found
+
+    def keep(self, entries: Iterable[Entry]) -> None:
+        """Replace the log, atomically, by ``entries``."""
+        text = "".join(json.dumps(asdict(e)) + "\n" for e in entries)
+        write_atomic(self.path, lambda f: f.write(text.encode()))
+
+    def record(self, path: Path, fingerprint: str) -> None:
+        """Append the entry for ``path``, just written whole from what ``fingerprint`` names."""
+        stat = path.stat()
+        entry = Entry(path.name, fingerprint, stat.st_size, stat.st_mtime_ns)
+        with self.path.open("a") as f:
+            f.write(json.dumps(asdict(entry)) + "\n")
+
+
 class BackgroundWriter:
     """``save_torch`` on one background thread, so that writing (fsync included, two thirds
     of a write's time) overlaps the next batch's extraction.
@@ -53,11 +121,13 @@ class BackgroundWriter:
     At most ``depth`` records wait to be written, which bounds memory. The first failed write
     is raised by the next ``submit`` or by ``close``; ``close`` (also on leaving a ``with``
     block, even by an exception) waits for every submitted write, so whatever was handed over
-    is on disk, complete, before the caller goes on.
+    is on disk, complete, before the caller goes on. With a ``ledger``, each write that was
+    given a fingerprint is recorded there once the file is in place.
     """
 
-    def __init__(self, depth: int = 32) -> None:
-        self._queue: queue.Queue[tuple[Path, Any] | None] = queue.Queue(maxsize=depth)
+    def __init__(self, depth: int = 32, ledger: Ledger | None = None) -> None:
+        self._queue: queue.Queue[tuple[Path, Any, str | None] | None] = queue.Queue(maxsize=depth)
+        self._ledger = ledger
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="specshim-writer", daemon=True)
         self._thread.start()
@@ -66,17 +136,22 @@ class BackgroundWriter:
         while (item := self._queue.get()) is not None:
             if self._error is None:
                 try:
-                    save_torch(*item)
+                    self._write(*item)
                 except BaseException as exc:  # handed to the caller's thread
                     self._error = exc
+
+    def _write(self, path: Path, obj: Any, fingerprint: str | None) -> None:
+        save_torch(path, obj)
+        if self._ledger is not None and fingerprint is not None:
+            self._ledger.record(path, fingerprint)
 
     def _raise(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"writing extracted samples failed: {self._error}") from self._error
 
-    def submit(self, path: Path, obj: Any) -> None:
+    def submit(self, path: Path, obj: Any, fingerprint: str | None = None) -> None:
         self._raise()
-        self._queue.put((path, obj))
+        self._queue.put((path, obj, fingerprint))
 
     def _finish(self) -> None:
         """Let the thread write what it was handed, then end it."""

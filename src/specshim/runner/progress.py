@@ -1,4 +1,10 @@
-"""A one-line progress display: samples, tokens per second and ETA, then a summary."""
+"""A one-line progress display: samples, tokens per second and ETA, then a summary.
+
+Throughput has one definition, shared by the line and the summary: tokens counted so far
+divided by the time from the start to the last update. Time after the last update (shutting
+the engine down, writing the final files) does not count, so the summary reads what the line
+last showed.
+"""
 
 from __future__ import annotations
 
@@ -17,24 +23,27 @@ class Progress:
     done: int = 0
     tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
+    updated: float | None = None
 
     def update(self, samples: int, tokens: int) -> None:
         self.done += samples
         self.tokens += tokens
+        self.updated = time.perf_counter()
         if self.visible:
             self.stream.write(f"\r[{self.label}] {self.line()}")
             self.stream.flush()
 
     @property
     def elapsed(self) -> float:
-        return max(time.perf_counter() - self.started, 1e-9)
+        """Seconds from the start to the last update (0 before the first)."""
+        return self.updated - self.started if self.updated is not None else 0.0
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens / self.elapsed
+        return self.tokens / self.elapsed if self.elapsed else 0.0
 
     def line(self) -> str:
-        rate = self.done / self.elapsed
+        rate = self.done / self.elapsed if self.elapsed else 0.0
         eta = (self.total - self.done) / rate if rate else float("inf")
         eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
         return (

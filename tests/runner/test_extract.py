@@ -1,0 +1,226 @@
+"""`specshim extract` without vLLM: what is checked before vLLM starts, what resume keeps, and
+the guards on each sample's states (real files, real torch, real tiny model folders)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specshim import cli
+from specshim.runner import dataset, extract, files
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory) -> Path:
+    from specshim.testbed import tiny_model
+
+    return tiny_model.build(tmp_path_factory.mktemp("m") / "four", num_layers=4)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, list[str]]:
+    """Exit status and stderr lines of ``specshim extract ARGS``."""
+    code = cli.main(["extract", *args])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def sample(index: int, ids: list[int], line: int | None = None) -> dataset.Sample:
+    return dataset.Sample(index, line or index + 1, ids, [1] * len(ids))
+
+
+SETTINGS = {"model": "/m", "data": "/d.jsonl", "layers": [0, 1, 2, 3], "max_model_len": 64}
+
+
+# Before vLLM starts: options, the model, the layer ids, --out.
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--batch-size", "-1", "--batch-size must be at least 1, got -1"),
+        ("--batch-size", "0", "--batch-size must be at least 1, got 0"),
+        ("--max-model-len", "1", "--max-model-len must be at least 2, got 1"),
+        ("--tensor-parallel-size", "0", "--tensor-parallel-size must be at least 1, got 0"),
+        ("--verify", "-2", "--verify must be at least 0, got -2"),
+        ("--layers", "0,9", "--layers: 9 is out of range: the model has 4 decoder layers"),
+        ("--layers", "1,1,3", "--layers: 1 is given twice (expected distinct ids)"),
+        ("--max-model-len", "100000", "--max-model-len 100000 is more than the model's 2048"),
+    ],
+)
+def test_bad_options_are_one_line_before_vllm_and_leave_nothing(
+    capsys, tmp_path, four_layers, option, value, message
+) -> None:
+    out = tmp_path / "out"
+    data = tmp_path / "missing.jsonl"  # never reached: the options are checked first
+    args = ["--model", str(four_layers), "--data", str(data), "--out", str(out), option, value]
+    code, err = run_cli(capsys, *args)
+    assert code == 1
+    assert len(err) == 1 and message in err[0], err
+    assert not (out / extract.MANIFEST).exists()
+
+
+def test_default_layers_are_distinct_on_small_models() -> None:
+    assert extract.default_layers(4) == [0, 1, 2, 3]  # speculators' rule: [2, 2, 1, 3]
+    assert extract.default_layers(6) == [2, 3, 4, 5]  # rule: [2, 3, 3, 5]
+    assert extract.default_layers(8) == [2, 4, 5, 7]  # the rule itself where it is distinct
+    assert extract.default_layers(32) == [2, 16, 29, 31]
+    with pytest.raises(extract.ExtractionError, match="needs at least 4"):
+        extract.default_layers(3)
+
+
+def test_missing_model_folder_is_one_line(capsys, tmp_path) -> None:
+    missing = tmp_path / "no-such-model"
+    code, err = run_cli(capsys, "--model", str(missing), "--data", "d", "--out", str(tmp_path))
+    assert (code, err) == (1, [f"specshim extract: --model {missing}: no such folder "
+                               "(expected a model folder)"])  # fmt: skip
+
+
+def test_out_that_is_a_file_or_unwritable_is_one_line(capsys, tmp_path, four_layers) -> None:
+    a_file = tmp_path / "out.txt"
+    a_file.write_text("x")
+    for out, why in ((a_file, "is a file (expected a folder)"),
+                     (a_file / "sub", "cannot write there (Not a directory)"),
+                     (Path("/proc/specshim-out"), "cannot write there")):  # fmt: skip
+        code, err = run_cli(capsys, "--model", str(four_layers), "--data", "d", "--out", str(out))
+        assert code == 1 and len(err) == 1 and f"--out {out}" in err[0] and why in err[0], err
+
+
+def test_same_data_by_absolute_and_relative_path_is_the_same_setting(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = extract._settings("m", Path("data.jsonl"), [1, 2], 64)
+    files.save_json(tmp_path / extract.MANIFEST, first)
+    extract._check_manifest(tmp_path, extract._settings("m", tmp_path / "data.jsonl", [1, 2], 64))
+    with pytest.raises(extract.ExtractionError, match="other settings"):
+        extract._check_manifest(tmp_path, extract._settings("m", Path("other.jsonl"), [1, 2], 64))
+
+
+# Resume: what is kept and what is extracted again.
+
+
+def written(out: Path, samples: list[dataset.Sample], prints: list[str]) -> None:
+    """Write and record each sample's file as a run does."""
+    with files.BackgroundWriter(ledger=files.Ledger(out / extract.LEDGER)) as writer:
+        for s, p in zip(samples, prints, strict=True):
+            writer.submit(out / extract.sample_file(s), {"input_ids": torch.tensor(s.input_ids)}, p)
+
+
+def fingerprints(samples: list[dataset.Sample]) -> list[str]:
+    return [extract.fingerprint(s, 63, SETTINGS) for s in samples]
+
+
+def test_resume_keeps_only_files_whose_row_is_unchanged(tmp_path) -> None:
+    before = [sample(i, [10 + i, 20 + i]) for i in range(5)]
+    written(tmp_path, before, fingerprints(before))
+    # Rows 1 and 2 swapped, row 4 edited, row 5 removed from the end of the file.
+    after = [before[0], sample(1, before[2].input_ids), sample(2, before[1].input_ids),
+             before[3]]  # fmt: skip
+    work = extract.plan(tmp_path, after, fingerprints(after))
+    assert [s.index for s in work.todo] == [1, 2]
+    assert work.redone == [2, 3]  # lines
+    assert [e.file for e in work.kept] == ["data_0.pt", "data_3.pt"]
+    assert work.stale == [tmp_path / "data_4.pt"]
+
+
+def test_resume_extracts_damaged_or_unrecorded_files_again(tmp_path) -> None:
+    samples = [sample(i, [5, 6, 7]) for i in range(4)]
+    prints = fingerprints(samples)
+    written(tmp_path, samples, prints)
+    (tmp_path / "data_0.pt").write_bytes(b"")  # emptied
+    whole = (tmp_path / "data_1.pt").read_bytes()
+    (tmp_path / "data_1.pt").write_bytes(whole[: len(whole) // 2])  # truncated
+    (tmp_path / "data_2.pt").unlink()  # gone
+    torch.save({"x": 1}, tmp_path / "data_2.pt")  # another file in its place
+    work = extract.plan(tmp_path, samples, prints)
+    assert [s.index for s in work.todo] == [0, 1, 2]
+    assert [e.file for e in work.kept] == ["data_3.pt"]
+
+
+def test_a_file_written_but_not_recorded_is_not_trusted(tmp_path) -> None:
+    samples = [sample(0, [1, 2]), sample(1, [3, 4])]
+    prints = fingerprints(samples)
+    written(tmp_path, samples[:1], prints[:1])
+    torch.save({"input_ids": torch.tensor([3, 4])}, tmp_path / "data_1.pt")  # killed before record
+    with (tmp_path / extract.LEDGER).open("a") as f:
+        f.write('{"file": "data_1.pt", "finger')  # and a torn line
+    work = extract.plan(tmp_path, samples, prints)
+    assert [s.index for s in work.todo] == [1]
+
+
+def test_fingerprint_covers_ids_mask_truncation_model_and_layers() -> None:
+    base = sample(0, [1, 2, 3])
+    print_ = extract.fingerprint(base, 63, SETTINGS)
+    others = [
+        extract.fingerprint(sample(0, [1, 2, 4]), 63, SETTINGS),
+        extract.fingerprint(dataset.Sample(0, 1, [1, 2, 3], [0, 1, 1]), 63, SETTINGS),
+        extract.fingerprint(base, 2, SETTINGS),
+        extract.fingerprint(base, 63, {**SETTINGS, "model": "/other"}),
+        extract.fingerprint(base, 63, {**SETTINGS, "layers": [0, 1, 2]}),
+    ]
+    assert print_ not in others and len(set(others)) == len(others)
+    assert extract.fingerprint(sample(7, [1, 2, 3], line=40), 63, SETTINGS) == print_
+
+
+# Guards on each sample's states.
+
+
+def result(ids: list[int], *states: torch.Tensor) -> dict[str, object]:
+    return {"input_ids": torch.tensor(ids), "hidden_states": list(states)}
+
+
+@pytest.mark.parametrize(
+    ("states", "problem"),
+    [
+        ([torch.ones(3, 4), torch.zeros(3, 4)], "line 8 (data_2.pt), layer 5: states are all zero"),
+        ([torch.ones(3, 4), torch.full((3, 4), float("nan"))], "layer 5: states hold NaN or Inf"),
+        ([torch.full((3, 4), float("inf")), torch.ones(3, 4)], "layer 1: states hold NaN or Inf"),
+        ([torch.ones(3, 4), torch.ones(2, 4)], "layer 5: states for 2 tokens, the row has 3"),
+        ([torch.ones(3, 4)], "1 layers of states for 2 ids"),
+    ],
+)
+def test_states_that_cannot_be_right_are_refused(states, problem) -> None:
+    with pytest.raises(
+        extract.ExtractionError, match=problem.replace("(", r"\(").replace(")", r"\)")
+    ):
+        extract._checked(result([4, 5, 6], *states), sample(2, [4, 5, 6], line=8), 63, [1, 5])
+
+
+def test_other_token_ids_are_refused_with_the_line() -> None:
+    with pytest.raises(extract.ExtractionError, match=r"line 8 \(data_2.pt\): the generator"):
+        extract._checked(result([4, 5], torch.ones(2, 4)), sample(2, [4, 5, 6], line=8), 63, [1])
+
+
+def test_good_states_are_written_as_given() -> None:
+    record = extract._checked(result([4, 5, 6], torch.ones(3, 4)), sample(0, [4, 5, 6]), 63, [1])
+    assert record["loss_mask"].tolist() == [1, 1, 1]
+    assert torch.equal(record["hidden_states"][0], torch.ones(3, 4))
+
+
+def test_relative_error_is_the_worst_token() -> None:
+    want = torch.ones(3, 4)
+    got = want.clone()
+    got[1] *= 1.1
+    assert extract._relative_error(got, want) == pytest.approx(0.1, rel=1e-4)
+
+
+def test_summary_states_the_throughput_definition() -> None:
+    text = extract.Summary(samples=3, extracted=3, resumed=0, truncated=0).text()
+    assert "(tokens extracted / time from the engine's start to the last batch)" in text
+
+
+def test_throughput_is_what_the_bar_last_showed() -> None:
+    """Time after the last batch (engine shutdown, final files) does not count."""
+    import io
+    import time
+
+    from specshim.runner.progress import Progress
+
+    stream = io.StringIO()
+    bar = Progress(total=2, stream=stream, started=time.perf_counter() - 2.0)
+    bar.update(2, 4000)
+    bar.finish()
+    time.sleep(1.0)  # shutting the engine down
+    shown = stream.getvalue().split("samples")[1].split("tok/s")[0].strip()
+    assert shown == f"{bar.tokens_per_second:,.0f}"
+    assert bar.elapsed == pytest.approx(2.0, abs=0.5)
