@@ -87,6 +87,8 @@ RULES: dict[str, Rule] = {
     "attention_block_size": (ALL, "0.29.0", cpu_build),  # MultipleOf(32)
     "kv_cache_planner_moved": (ALL, "0.33.0", always),
     "extensible_kv_cache_off": (ALL, "0.34.0", always),
+    # vLLM on a CUDA device only (tests/gpu shows it needed): no snapshot machine has one
+    "worker_start_method": (ALL, "0.0", lambda _snapshot: False),
 }
 #: executor-level adapters go on a subclass only the generator uses
 SEAM_USERS = {"sample_tokens_split", "rpc_reply_shape", "warmup_split", "kv_cache_layout"}

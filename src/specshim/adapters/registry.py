@@ -32,6 +32,7 @@ from specshim.adapters import (
     warmup_split,
     worker_batch_order_v2,
     worker_embed_input_ids,
+    worker_start_method,
 )
 from specshim.adapters.base import Adapter
 
@@ -57,6 +58,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     request_batching.ADAPTER,
     # the generator's executor (a subclass only the generator uses)
     extraction_executor.ADAPTER,
+    worker_start_method.ADAPTER,
     kv_cache_layout.ADAPTER,
     warmup_split.ADAPTER,
     sample_tokens_split.ADAPTER,

@@ -8,6 +8,14 @@ None``. speculators 0.3.0 never calls ``sample_tokens``; 0.4.x calls it with the
 grammar output of ``None`` (extraction requests carry no structured-output constraint, which
 is what ``Scheduler.get_grammar_bitmask`` would say), and the generator's own later
 ``sample_tokens`` call receives that result instead of sampling a second time.
+
+Only Model Runner V1 checks the pairing. V2 (CUDA vLLM's default from 0.2x, the only runner
+in 0.34) keeps the pending step in ``execute_model_state`` and overwrites it on the next
+``execute_model``; since the generator aborts every request after its single step, skipping
+the sampling changes no hidden state (measured on the H200, CUDA vLLM 0.26.0: without this
+adapter V1 raises, V2 matches transformers; tests/gpu). The runner is chosen inside the
+worker, after this probe decides, so the adapter applies for both: on V2 it costs one
+sampling of one token per request and keeps the runner's state machine as upstream intends.
 """
 
 from __future__ import annotations
@@ -40,7 +48,10 @@ def probe() -> Probe:
         # 0.4 passes execute_model's result, which is None on the extraction path: the
         # grammar output it stands for is None too.
         return not_needed("the generator calls sample_tokens after execute_model")
-    return needed("execute_model returns None and sample_tokens(grammar_output) must follow")
+    return needed(
+        "execute_model returns None and sample_tokens(grammar_output) must follow "
+        "(Model Runner V1 raises without it; V2 tolerates the skip)"
+    )
 
 
 def _execute(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
