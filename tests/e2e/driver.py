@@ -62,9 +62,12 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=0, help="0: mixed lengths")
     parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
+    parser.add_argument("--gpu", action="store_true", help="vLLM's CUDA build: no CPU settings")
+    parser.add_argument("--ipc", action="store_true", help="states through CUDA IPC, not the RPC")
     args = parser.parse_args()
-    cpu.configure()
-    cpu.bind_threads(args.tp)
+    if not args.gpu:
+        cpu.configure()
+        cpu.bind_threads(args.tp)
     applied: list[str] = []
     try:
         if not args.no_shim:
@@ -81,6 +84,10 @@ def main() -> int:
         generator = VllmHiddenStatesGenerator(
             args.model, max_model_len=args.max_model_len, tensor_parallel_size=args.tp
         )
+        if args.ipc:
+            from specshim.runner import handoff
+
+            handoff.share_through_cuda_ipc(generator)
         data = prompts(len(generator.tokenizer), args.prompt_len)
         results: dict[str, object] = {"prompts": data, "layer_ids": generator.layer_ids}
         for size in (int(b) for b in args.batches.split(",")):

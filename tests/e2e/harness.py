@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ OUT = Path(os.environ.get("SPECSHIM_E2E_OUT", ROOT / "build" / "e2e"))
 #: bf16 (vLLM's CPU dtype here) against float32: per-token relative error of about 1-2 %.
 MAX_RELATIVE_ERROR = 0.05
 MIN_COSINE = 0.999
+#: The environment name of the running interpreter's own CUDA vLLM (tests/gpu, on the H200).
+CUDA = "cuda"
 
 
 @functools.cache
@@ -35,8 +38,14 @@ def run(
     prompt_len: int = 0,
     max_model_len: int = 256,
     runner_v2: bool = False,
+    ipc: bool = False,
 ) -> dict[str, Any]:
-    """The driver's results, or ``{"error": {...}}`` when the generator raised."""
+    """The driver's results, or ``{"error": {...}}`` when the generator raised.
+
+    ``vllm`` names a CPU environment, or :data:`CUDA` for this interpreter's CUDA vLLM (whose
+    ``PYTHONPATH`` is kept behind speculators'; ``runner_v2=False`` then selects the V1
+    runner, since V2 is CUDA vLLM's default).
+    """
     OUT.mkdir(parents=True, exist_ok=True)
     name = "-".join(
         map(
@@ -52,6 +61,7 @@ def run(
                 prompt_len,
                 max_model_len,
                 "v2" if runner_v2 else "v1",
+                "ipc" if ipc else "rpc",
             ),
         )
     )
@@ -60,12 +70,18 @@ def run(
     out = OUT / f"{name.replace(',', '_')}.pt"
     for stale in (out, Path(f"{out}.error.json")):
         stale.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(speculators_path(speculators))}
+    on_gpu = vllm == CUDA
+    paths = [str(speculators_path(speculators))]
+    if on_gpu and os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("SPECSHIM_APPLY", None)
-    if runner_v2:
+    if on_gpu:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner_v2 else "0"
+    elif runner_v2:
         env.update(model_runner_v2.environment(env))
     cmd = [
-        str(vllm_python(vllm)),
+        sys.executable if on_gpu else str(vllm_python(vllm)),
         str(DRIVER),
         "--model",
         str(model),
@@ -84,10 +100,15 @@ def run(
         cmd += ["--exclude", ",".join(exclude)]
     if not shim:
         cmd.append("--no-shim")
+    if on_gpu:
+        cmd.append("--gpu")
+    if ipc:
+        cmd.append("--ipc")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     error = Path(f"{out}.error.json")
     if error.exists():
-        return {"error": {**json.loads(error.read_text()), "stderr": proc.stderr[-6000:]}}
+        # the whole of stderr: a vLLM worker logs the root cause before the generator's summary
+        return {"error": {**json.loads(error.read_text()), "stderr": proc.stderr}}
     if proc.returncode != 0 or not out.exists():
         raise AssertionError(f"driver died (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     return torch.load(out, weights_only=False)

@@ -1,0 +1,254 @@
+"""Extraction on a GPU against vLLM's own prefill, vLLM's native hidden-state path and the disk.
+
+One process tree, each path in a fresh process on the same model and prompts, engine start
+excluded (every path warms up on two prompts first), every figure also a ratio to vLLM's
+prefill of the same prompts (``LLM.generate(max_tokens=1)``, the engine's floor for one
+prefill pass) and to the disk's sequential write rate for the same bytes (what any path that
+writes the states must stay under):
+
+- ``vllm_prefill``: ``LLM.generate(max_tokens=1)``, eager, no prefix caching;
+- ``native``: vLLM's ``extract_hidden_states`` speculative method with its
+  ``ExampleHiddenStatesConnector`` (vLLM >= 0.18), timed until every file is written;
+- ``generator_rpc``: speculators' generator after ``specshim.apply()``, states through the RPC;
+- ``generator_ipc``: the same, states handed over by CUDA IPC (``specshim.runner.handoff``);
+- ``extract_rpc`` / ``extract_ipc``: ``specshim extract`` writing every sample to disk, with each
+  hand-off (the files are compared: the same tensors bit for bit);
+- ``disk``: ``torch.save`` + fsync of the same bytes, sequentially, to the same disk.
+
+    python benchmarks/gpu_extraction.py [--prompts 512 --length 512 --hidden 2048 --layers 16]
+
+The model is a Llama with random bf16 weights, built here (no download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import run_worker, save_results
+
+LAYER_COUNT = 4  # captured layers, speculators' default count
+PATHS = (
+    "vllm_prefill",
+    "native",
+    "generator_rpc",
+    "generator_ipc",
+    "extract_rpc",
+    "extract_ipc",
+    "disk",
+)
+
+
+def build_model(out: Path, hidden: int, layers: int) -> Path:
+    """A Llama of ``layers`` x ``hidden`` with random weights, served in bfloat16."""
+    from specshim.testbed import tiny_model
+
+    if not (out / "config.json").exists():
+        tiny_model.build(out, "llama", num_layers=layers, hidden_size=hidden)
+        config = json.loads((out / "config.json").read_text())
+        config["torch_dtype"] = config["dtype"] = "bfloat16"
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def layer_ids(model: str) -> list[int]:
+    """speculators' default ids for the model: [2, n // 2, n - 3, n - 1]."""
+    layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
+    return [2, layers // 2, layers - 3, layers - 1]
+
+
+def write_prompts(path: Path, count: int, length: int, vocab: int) -> list[list[int]]:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(8, vocab) for _ in range(length)] for _ in range(count)]
+    path.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in prompts))
+    return prompts
+
+
+def _timed(run: Any, prompts: list[list[int]]) -> dict[str, float]:
+    run(prompts[:2])  # warm-up
+    start = time.perf_counter()
+    run(prompts)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
+
+
+def _vllm_prefill(model: str, prompts: list[list[int]], max_len: int) -> dict[str, float]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model, max_model_len=max_len, enforce_eager=True, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    return _timed(
+        lambda ps: llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params), prompts
+    )
+
+
+def _native(model: str, prompts: list[list[int]], max_len: int, work: Path) -> dict[str, float]:
+    import fcntl
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model,
+        max_model_len=max_len,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {
+                "hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids(model)}
+            },
+        },
+        kv_transfer_config={
+            "kv_connector": "ExampleHiddenStatesConnector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(work / "native")},
+        },
+    )
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+
+    def run(ps: list[list[int]]) -> None:
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params)
+        for output in outputs:  # written asynchronously: wait until each file is complete
+            with open(output.kv_transfer_params["hidden_states_path"] + ".lock") as lock:
+                fcntl.flock(lock, fcntl.LOCK_SH)
+
+    return _timed(run, prompts)
+
+
+def _generator(model: str, prompts: list[list[int]], max_len: int, ipc: bool) -> dict[str, Any]:
+    import specshim
+
+    specshim.apply()
+    from speculators.data_generation.vllm_hidden_states_generator import (
+        VllmHiddenStatesGenerator,
+    )
+
+    from specshim.runner import handoff
+
+    generator = VllmHiddenStatesGenerator(model, layer_ids=layer_ids(model), max_model_len=max_len)
+    if ipc:
+        handoff.share_through_cuda_ipc(generator)
+
+    def run(ps: list[list[int]]) -> None:
+        for start in range(0, len(ps), 128):
+            generator.generate(ps[start : start + 128])
+
+    return _timed(run, prompts)
+
+
+def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> dict[str, Any]:
+    from specshim.runner import extract
+
+    summary = extract.extract(
+        model,
+        data,
+        out,
+        layers=layer_ids(model),
+        max_model_len=max_len,
+        batch_size=128,
+        progress=False,
+        handoff=handoff,
+    )
+    return {"seconds": summary.seconds, "tokens_per_second": summary.tokens_per_second}
+
+
+def _disk(prompts: list[list[int]], hidden: int, work: Path) -> dict[str, float]:
+    """torch.save + fsync of one sample's worth of bf16 states per prompt, one after another."""
+    import torch
+
+    from specshim.runner import files
+
+    out = work / "disk"
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        states = [torch.ones(len(p), hidden, dtype=torch.bfloat16) for _ in range(LAYER_COUNT)]
+        files.save_torch(out / f"data_{i}.pt", {"input_ids": torch.tensor(p), "hs": states})
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
+
+
+def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: str) -> None:
+    prompts = [json.loads(line)["input_ids"] for line in Path(data).read_text().splitlines()]
+    root = Path(work)
+    if mode == "vllm_prefill":
+        result = _vllm_prefill(model, prompts, max_len)
+    elif mode == "native":
+        result = _native(model, prompts, max_len, root)
+    elif mode.startswith("generator_"):
+        result = _generator(model, prompts, max_len, ipc=mode.endswith("ipc"))
+    elif mode.startswith("extract_"):
+        handoff = mode.removeprefix("extract_")
+        result = _extract(model, Path(data), max_len, root / mode, handoff)
+    else:
+        result = _disk(prompts, hidden, root)
+    print("RESULT", json.dumps(result), flush=True)
+
+
+def same_files(one: Path, other: Path) -> int:
+    """How many data_*.pt files of ``one`` equal ``other``'s, tensor for tensor (raises if any
+    differs)."""
+    import torch
+
+    names = sorted(p.name for p in one.glob("data_*.pt"))
+    assert names == sorted(p.name for p in other.glob("data_*.pt")), "different file sets"
+    for name in names:
+        a, b = (torch.load(d / name) for d in (one, other))
+        assert torch.equal(a["input_ids"], b["input_ids"]), name
+        assert torch.equal(a["loss_mask"], b["loss_mask"]), name
+        for x, y in zip(a["hidden_states"], b["hidden_states"], strict=True):
+            assert x.dtype == y.dtype and torch.equal(x, y), name
+    return len(names)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset")
+    parser.add_argument("--work", type=Path, default=None, help="default: a new temp folder")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="specshim-gpu-bench-"))
+    model = build_model(work / "model", args.hidden, args.layers)
+    data = work / "prompts.jsonl"
+    write_prompts(data, args.prompts, args.length, vocab=384)
+    max_len = args.length + 16
+    chosen = [p for p in PATHS if p in args.paths.split(",")]
+    rates = {}
+    for mode in chosen:
+        found = run_worker(
+            Path(__file__), "--worker", mode, str(model), str(data), str(max_len),
+            str(args.hidden), str(work), timeout=1200,
+        )  # fmt: skip
+        rates[mode] = found["tokens_per_second"]
+        print(f"{mode:<15}{rates[mode]:>14,.0f} tokens/s", file=sys.stderr, flush=True)
+    if {"extract_rpc", "extract_ipc"} <= set(chosen):
+        compared = same_files(work / "extract_rpc", work / "extract_ipc")
+        print(f"extract_ipc's {compared} files equal extract_rpc's, tensor for tensor")
+    base = rates.get("vllm_prefill")
+    ceiling = min(r for m, r in rates.items() if m in ("vllm_prefill", "disk"))
+    print(f"\n{args.prompts} prompts x {args.length} tokens, Llama {args.layers} x {args.hidden}")
+    print(f"{'path':<15}{'tokens/s':>14}{'vs prefill':>12}{'vs min(prefill, disk)':>24}")
+    for mode, rate in rates.items():
+        vs_base = f"{rate / base:.3f}" if base else "-"
+        print(f"{mode:<15}{rate:>14,.0f}{vs_base:>12}{rate / ceiling:>24.3f}")
+    save_results("gpu_extraction", {"rates": rates, "args": vars(args) | {"work": str(work)}})
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        mode, model, data, max_len, hidden, work = sys.argv[2:8]
+        worker(mode, model, data, int(max_len), int(hidden), work)
+    else:
+        main()
