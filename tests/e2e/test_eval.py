@@ -104,3 +104,16 @@ def test_off_by_one_layer_ids_serve_and_are_measured(pipeline) -> None:
     assert "greedy output identical to the run without the draft: True" in result.stdout
     print(f"first position: consistent {first_position(work / 'eval' / 'eval.json'):.3f}, "
           f"off by one {first_position(work / 'eval-shift-0' / 'eval.json'):.3f}")  # fmt: skip
+
+
+def test_a_second_run_in_the_same_workdir_resumes_extraction_and_retrains(pipeline) -> None:
+    """The README's main command, run again: the verifier and the extracted states are reused
+    (every sample already done), the draft is trained anew instead of refused as a mixed run.
+    Last in this file: it replaces the draft the tests above read."""
+    work, _ = pipeline
+    again = specshim("run", "--workdir", str(work), "--epochs", "1")
+    assert "(0 extracted, 300 already done)" in again.stdout
+    log = json.loads((work / "draft" / "train_log.json").read_text())
+    assert set(log["step_epochs"]) == {0}, "the earlier run's epochs must be gone"
+    assert not (work / "draft" / "checkpoints" / "1").exists(), "an old epoch was left behind"
+    assert "greedy output identical to the run without the draft: True" in again.stdout

@@ -51,7 +51,11 @@ def run(settings: Settings) -> int:
     target = vocab.target_vocab_size(verifier)
     d2t, t2d = vocab.build(states, min(DRAFT_VOCAB, target), target, work)
     print(f"vocabulary: {d2t}, {t2d}")
-    trained = train.train(states, str(verifier), work / "draft", vocab=work, epochs=settings.epochs)
+    # The demo trains its draft anew on every run (extraction above resumes instead): a
+    # second `specshim run` in the same work directory must not be refused as a mixed run.
+    trained = train.train(
+        states, str(verifier), work / "draft", vocab=work, epochs=settings.epochs, overwrite=True
+    )
     print(trained.text())
     served = export.export(work / "draft", states, work / "draft" / "served")
     say(f"exported for vLLM: {served}")
