@@ -1,9 +1,14 @@
-"""`specshim extract` end to end on the real vLLM and speculators 0.4.0.1 (`run`: test_eval)."""
+"""`specshim extract` end to end on the real vLLM and speculators 0.4.0.1 (`run`: test_eval).
+
+Resume, Ctrl-C and --verify on a 4-layer verifier (fast to start): the default layer ids
+there are where speculators' own rule repeats an id.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -13,6 +18,7 @@ import pytest
 import torch
 
 from conftest import speculators_path, vllm_python
+from specshim.runner import extract, files
 from specshim.testbed import data
 
 pytestmark = pytest.mark.vllm
@@ -43,12 +49,14 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)  # the whole group: vLLM's workers too
     first.wait()
-    done_before = len(list(out.glob("data_*.pt")))
-    assert done_before < 48, "the kill came too late to test resumption"
+    assert len(list(out.glob("data_*.pt"))) < 48, "the kill came too late to test resumption"
+    # A file renamed into place but not yet recorded when the kill came is extracted again.
+    entries = files.Ledger(out / extract.LEDGER).entries().values()
+    recorded = sum(e.still_there(out) for e in entries)
 
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"{done_before} already done" in second.stdout
+    assert f"{48 - recorded} extracted, {recorded} already done" in second.stdout
 
     from transformers import AutoTokenizer
 
@@ -77,5 +85,140 @@ def test_over_long_sample_is_an_error_unless_truncation_is_asked(tiny_models, tm
     cmd, env = specshim_command(*extract_args(tiny_models["llama"], dataset, tmp_path / "o"))
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
-    assert "sample 0 has 300 tokens, more than max_model_len - 1 = 255" in result.stderr
+    assert "line 1 has 300 tokens, more than max_model_len - 1 = 255" in result.stderr
     assert not list((tmp_path / "o").glob("data_*.pt"))
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory) -> Path:
+    from specshim.testbed import tiny_model
+
+    return tiny_model.build(tmp_path_factory.mktemp("m") / "four", num_layers=4)
+
+
+def rows(model: Path, count: int) -> list[dict[str, list[int]]]:
+    """``count`` distinct token-id rows of different lengths."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = (
+        f"What comes after {n}? " * (1 + n % 3) + f"After {n} comes {n + 1}." for n in range(count)
+    )
+    return [{"input_ids": tokenizer(t)["input_ids"]} for t in texts]
+
+
+def write_rows(path: Path, rows_: list[object]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows_))
+    return path
+
+
+def extract_cmd(model: Path, dataset: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd, env = specshim_command(*extract_args(model, dataset, out), *extra)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def assert_files_match(out: Path, rows_: list[dict[str, list[int]]]) -> None:
+    """One data_i.pt per row, in order, holding that row; the final files agree with them."""
+    assert sorted(out.glob("data_*.pt")) == sorted(out / f"data_{i}.pt" for i in range(len(rows_)))
+    for i, row in enumerate(rows_):
+        saved = torch.load(out / f"data_{i}.pt", weights_only=True)
+        assert saved["input_ids"].tolist() == row["input_ids"], f"data_{i}.pt holds another row"
+        assert len(saved["hidden_states"]) == 4
+    lengths = json.loads((out / "sample_lengths.json").read_text())
+    assert lengths == {str(i): len(r["input_ids"]) for i, r in enumerate(rows_)}
+    freq = torch.load(out / "token_freq.pt", weights_only=True)
+    assert sum(freq.values()) == sum(len(r["input_ids"]) for r in rows_)
+    config = json.loads((out / "data_config.json").read_text())
+    assert config["data"]["num_samples"] == len(rows_)
+
+
+SUMMARY = ("samples:", "truncated", "skipped", "throughput", "extracted again", "removed",
+           "verified", "  ")  # fmt: skip
+
+
+def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> None:
+    """The issue's run: --skip-bad over 10 bad rows of 21, the rows fixed in place, rerun."""
+    good, out = rows(four_layers, 21), tmp_path / "out"
+    bad = [{"input_ids": "oops"} if i % 2 == 0 and i < 20 else r for i, r in enumerate(good)]
+    dataset = write_rows(tmp_path / "data.jsonl", bad)
+    first = extract_cmd(four_layers, dataset, out, "--skip-bad")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "samples: 11 (11 extracted, 0 already done)" in first.stdout
+    assert all(line.startswith(SUMMARY) for line in first.stdout.splitlines()), first.stdout
+    config = json.loads((out / "data_config.json").read_text())
+    assert config["hidden_states"]["layer_ids"] == [0, 1, 2, 3]  # distinct: not [2, 2, 1, 3]
+    states = torch.load(out / "data_0.pt", weights_only=True)["hidden_states"]
+    assert not any(torch.equal(a, b) for i, a in enumerate(states) for b in states[i + 1 :])
+
+    write_rows(dataset, good)  # fixed in place: every sample now sits at another index
+    second = extract_cmd(four_layers, dataset, out, "--skip-bad", "--verify", "3")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "samples: 21 (21 extracted, 0 already done)" in second.stdout
+    assert "extracted again, their row changed or their file was damaged" in second.stdout
+    assert "verified: 3 samples re-extracted one at a time match" in second.stdout
+    assert_files_match(out, good)
+
+    whole = (out / "data_5.pt").read_bytes()
+    (out / "data_5.pt").write_bytes(whole[: len(whole) // 2])  # truncated
+    (out / "data_6.pt").write_bytes(b"")  # emptied
+    for name in ("data_config.json", "sample_lengths.json", "token_freq.pt"):
+        (out / name).unlink()
+    write_rows(dataset, good[:18])  # three rows removed: data_18..20 must not stay
+    third = extract_cmd(four_layers, dataset, out, "--skip-bad")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "samples: 18 (2 extracted, 16 already done)" in third.stdout
+    assert "removed data_i.pt beyond the current samples: 3" in third.stdout
+    assert_files_match(out, good[:18])
+
+    fourth = extract_cmd(four_layers, dataset, out, "--skip-bad")  # nothing to do: no vLLM
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    assert "samples: 18 (0 extracted, 18 already done)" in fourth.stdout
+    assert "Loading safetensors" not in fourth.stderr
+
+
+def test_verify_fails_loudly_when_batched_states_differ(four_layers, tmp_path) -> None:
+    """Batched states that disagree with a single request (simulated: every file's states
+    scaled by 1.5 and recorded as if written so) fail --verify, naming the line."""
+    good, out = rows(four_layers, 6), tmp_path / "out"
+    dataset = write_rows(tmp_path / "data.jsonl", good)
+    assert extract_cmd(four_layers, dataset, out).returncode == 0
+    ledger = files.Ledger(out / extract.LEDGER)
+    entries = ledger.entries()
+    for i in range(len(good)):
+        path = out / f"data_{i}.pt"
+        saved = torch.load(path, weights_only=True)
+        saved["hidden_states"] = [h * 1.5 for h in saved["hidden_states"]]
+        files.save_torch(path, saved)
+        ledger.record(path, entries[path.name].fingerprint)
+    result = extract_cmd(four_layers, dataset, out, "--verify", "2")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("specshim extract: --verify: line "), last
+    found = re.search(r"differ from a single-request extraction by ([\d.]+)% \(tolerance 5%", last)
+    assert found and 49 < float(found.group(1)) < 51, last  # 1.5x, rounded to bf16
+
+
+def test_ctrl_c_is_one_line_exit_130_and_resumes(four_layers, tmp_path) -> None:
+    out = tmp_path / "out"
+    dataset = write_rows(tmp_path / "data.jsonl", rows(four_layers, 200))
+    cmd, env = specshim_command(*extract_args(four_layers, dataset, out), "--batch-size", "2")
+    first = subprocess.Popen(cmd, env=env, start_new_session=True, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while len(list(out.glob("data_*.pt"))) < 8:
+        assert first.poll() is None, "extraction ended before it could be interrupted"
+        assert time.monotonic() < deadline, "no samples written within 5 minutes"
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole group
+    stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("specshim extract: interrupted after "), last
+    assert last.endswith("; run the same command to resume"), last
+    done = int(last.split("(")[1].split(" of ")[0])
+    assert 8 <= done < 200 and stdout == ""
+
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"{200 - done} extracted, {done} already done" in second.stdout

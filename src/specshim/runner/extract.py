@@ -22,7 +22,9 @@ import hashlib
 import json
 import random
 import re
+import signal
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -406,24 +408,60 @@ def _run(
     """
     bar = Progress(total=len(todo), visible=progress)  # timed from the engine's start
     ledger = files.Ledger(out / LEDGER)
-    try:
-        with files.BackgroundWriter(depth=2 * batch_size, ledger=ledger) as writer:
-            for start in range(0, len(todo), batch_size):
-                batch = todo[start : start + batch_size]
-                results = generator.generate([s.input_ids for s in batch])
-                for sample, result in zip(batch, results, strict=True):
-                    record = _checked(result, sample, limit, generator.layer_ids)
-                    writer.submit(out / sample_file(sample), record, prints[sample.index])
-                bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
-    except KeyboardInterrupt:
-        bar.finish()
-        done = len(samples) - len(todo) + bar.done
-        raise Interrupted(
-            f"interrupted after {bar.done} samples ({done} of {len(samples)} done); "
-            "run the same command to resume"
-        ) from None
-    bar.finish()
+    with _noting_ctrl_c() as pressed:
+        try:
+            with files.BackgroundWriter(depth=2 * batch_size, ledger=ledger) as writer:
+                for start in range(0, len(todo), batch_size):
+                    batch = todo[start : start + batch_size]
+                    results = generator.generate([s.input_ids for s in batch])
+                    for sample, result in zip(batch, results, strict=True):
+                        record = _checked(result, sample, limit, generator.layer_ids)
+                        writer.submit(out / sample_file(sample), record, prints[sample.index])
+                    bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
+        except Exception:
+            if not pressed:
+                raise
+            raise _interrupted(ledger, len(samples) - len(todo), len(samples)) from None
+        except KeyboardInterrupt:
+            raise _interrupted(ledger, len(samples) - len(todo), len(samples)) from None
+        finally:
+            bar.finish()
     return bar
+
+
+def _interrupted(ledger: files.Ledger, resumed: int, count: int) -> Interrupted:
+    """The :class:`Interrupted` to raise after Ctrl-C, once the writer has finished: the
+    samples done are those the ledger records (what a rerun keeps)."""
+    done = len(ledger.entries())
+    return Interrupted(
+        f"interrupted after {done - resumed} samples ({done} of {count} done); "
+        "run the same command to resume"
+    )
+
+
+@contextlib.contextmanager
+def _noting_ctrl_c() -> Iterator[list[int]]:
+    """Note each SIGINT (then raise ``KeyboardInterrupt`` as Python does).
+
+    Ctrl-C reaches vLLM's workers too, and a worker that exits first makes the generator's
+    call fail with vLLM's own error ("cancelled") instead of ``KeyboardInterrupt``: an error
+    after a noted Ctrl-C is the interruption. Only the main thread can take signals; elsewhere
+    nothing is noted.
+    """
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        pressed.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _verify(
