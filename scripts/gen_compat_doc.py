@@ -17,8 +17,8 @@ def render(rows: list[matrix.Row]) -> str:
         "# Compatibility matrix",
         "",
         "Every row was installed and run for real; `level` says how far it got (a failed row",
-        "failed at its level). Generated from `compat_matrix.yaml` by `scripts/gen_compat_doc.py`:",
-        "edit the YAML, not this file.",
+        "failed at its level). Generated from `src/specshim/data/compat_matrix.yaml` by",
+        "`scripts/gen_compat_doc.py`: edit the YAML, not this file.",
         "",
         "- *control*: a vLLM release inside that speculators version's own range; no adapter for a",
         "  vLLM change may apply there (`tests/e2e/test_control.py`).",
@@ -47,7 +47,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    text = render(matrix.load(ROOT / "compat_matrix.yaml"))
+    text = render(matrix.load(matrix.shipped()))
     if args.check:
         if not DOC.exists() or DOC.read_text() != text:
             print(f"{DOC} is out of date: run scripts/gen_compat_doc.py", file=sys.stderr)

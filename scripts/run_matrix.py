@@ -1,5 +1,8 @@
 """Measure the rows of compat_matrix.yaml for real and write their verdicts back.
 
+The matrix and the snapshots are the ones specshim ships (``src/specshim/data``, found through
+the editable install of this checkout).
+
     scripts/run_matrix.py --list-json            rows as JSON, for the CI workflow's matrix
     scripts/run_matrix.py --row ID [--write]     measure one row (ID as --list-json prints it;
                                                  --row again for more)
@@ -34,11 +37,11 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from specshim import versions
+from specshim import contracts, matrix, versions
 from specshim.testbed import environments
 
 ROOT = Path(__file__).resolve().parents[1]
-MATRIX = ROOT / "compat_matrix.yaml"
+MATRIX = matrix.shipped()
 HEADER = """\
 # Every combination run for real, and how far it got (level: import / probes / extraction /
 # training; a failed row failed at its level). Written by scripts/run_matrix.py: rows with a
@@ -71,7 +74,7 @@ def run(command: list[str], **env: str) -> subprocess.CompletedProcess:
 
 
 def applied(vllm: str, speculators: str) -> list[str]:
-    snapshot = json.loads((ROOT / "tests" / "contracts" / f"vllm-{vllm}.json").read_text())
+    snapshot = json.loads((contracts.shipped() / f"vllm-{vllm}.json").read_text())
     states = snapshot["decisions"][speculators]
     return [name for name, state in states.items() if state == "applied"]
 
@@ -154,7 +157,7 @@ def measure_unpacked(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
         made = run(["scripts/snapshot_release.sh", row["vllm"], row["distribution"]])
         if made.returncode != 0:
             return {"verdict": "fail", "level": "none", "error": made.stderr.strip()[-300:]}
-    snapshot = json.loads((ROOT / "tests" / "contracts" / f"vllm-{row['vllm']}.json").read_text())
+    snapshot = json.loads((contracts.shipped() / f"vllm-{row['vllm']}.json").read_text())
     error = snapshot["generator_import"][row["speculators"]]
     return {
         "verdict": "fail" if error else "pass",
@@ -208,7 +211,7 @@ def main() -> int:
     parser.add_argument(
         "--recorded",
         action="store_true",
-        help="rows without a CPU environment: read tests/contracts as recorded, do not re-snapshot",
+        help="rows without a CPU environment: read the shipped snapshots, do not re-snapshot",
     )
     args = parser.parse_args()
     data = yaml.safe_load(MATRIX.read_text())

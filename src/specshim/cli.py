@@ -10,6 +10,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+#: where ``specshim snapshot`` records by default: a checkout's shipped snapshots (run there)
+SNAPSHOTS_IN_CHECKOUT = Path("src/specshim/data/contracts")
+
 
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
@@ -115,7 +118,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     from specshim import contracts
 
     data = contracts.snapshot(args.speculators)
-    out = args.out or Path("tests/contracts") / f"vllm-{data['vllm']}.json"
+    out = args.out or SNAPSHOTS_IN_CHECKOUT / f"vllm-{data['vllm']}.json"
     contracts.save(out, data)
     print(out)
     return 0
@@ -132,11 +135,12 @@ def _triage_baseline(args: argparse.Namespace) -> Path:
     installed = versions.vllm().version
     if installed is None:
         raise ValueError("vLLM is not installed: triage reads the installed vLLM")
-    recorded = sorted(args.contracts.glob("vllm-*.json"))
+    folder = args.contracts or contracts.shipped()
+    recorded = sorted(folder.glob("vllm-*.json"))
     if not recorded:
         raise FileNotFoundError(
-            f"no recorded snapshots (vllm-*.json) in {args.contracts}: they live in a specshim "
-            "checkout's tests/contracts, and `specshim snapshot --out FILE` records one on a "
+            f"no recorded snapshots (vllm-*.json) in {folder}: specshim ships its own (the "
+            "default --contracts), and `specshim snapshot --out FILE` records one on a "
             "vLLM you trust; pass --against FILE (or --contracts DIR)"
         )
     return contracts.nearest(recorded, installed)
@@ -321,7 +325,12 @@ def parser() -> argparse.ArgumentParser:
     trn.set_defaults(handler=_train)
 
     snap = commands.add_parser("snapshot", help="record the vLLM facts the adapters rely on")
-    snap.add_argument("--out", type=Path, default=None, help="default tests/contracts/vllm-V.json")
+    snap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"default {SNAPSHOTS_IN_CHECKOUT}/vllm-V.json (a checkout's shipped snapshots)",
+    )
     snap.add_argument(
         "--speculators",
         type=Path,
@@ -343,9 +352,9 @@ def parser() -> argparse.ArgumentParser:
     tri.add_argument(
         "--contracts",
         type=Path,
-        default=Path("tests/contracts"),
+        default=None,
         metavar="DIR",
-        help="recorded snapshots, vllm-*.json (default: tests/contracts, as in a checkout)",
+        help="recorded snapshots, vllm-*.json (default: the ones shipped with specshim)",
     )
     tri.set_defaults(handler=_triage)
 

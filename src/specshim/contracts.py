@@ -2,10 +2,10 @@
 
 A *fact* is one thing read from the installed vLLM: a signature, whether an attribute exists,
 a dataclass's fields, a marker in a docstring or source. Each fact names the adapters that read
-it. ``specshim snapshot`` records them all as JSON (``tests/contracts/vllm-<version>.json``);
-``specshim triage`` snapshots the installed vLLM, diffs it against the nearest recorded
-snapshot and says which facts moved, which adapters read them, and which moved facts no
-adapter covers: a new nightly triaged in a minute.
+it. ``specshim snapshot`` records them all as JSON (``vllm-<version>.json``, shipped in
+``specshim/data/contracts``); ``specshim triage`` snapshots the installed vLLM, diffs it
+against the nearest recorded snapshot and says which facts moved, which adapters read them,
+and which moved facts no adapter covers: a new nightly triaged in a minute.
 
 The names speculators' legacy generator and worker import from vLLM are facts too (read from
 their source with ``ast``, without importing speculators), so a module that moved (vLLM 0.33's
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specshim import data as shipped_data
 from specshim import versions
 
 SCHEMA = 1
@@ -225,6 +226,13 @@ def snapshot(speculators_paths: list[Path] | None = None) -> dict[str, Any]:
     }
 
 
+def shipped() -> Path:
+    """The folder of snapshots shipped with specshim (``specshim/data/contracts``): what
+    ``specshim triage`` compares with unless told otherwise, in a checkout and an installed
+    wheel alike."""
+    return shipped_data.path("contracts")
+
+
 def save(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -318,5 +326,5 @@ def nearest(snapshots: list[Path], version: str) -> Path:
         )
 
     if not snapshots:
-        raise FileNotFoundError("no recorded snapshots (tests/contracts/vllm-*.json)")
+        raise FileNotFoundError("no recorded snapshots (vllm-*.json) to compare with")
     return min(snapshots, key=distance)

@@ -1,6 +1,6 @@
 """The compatibility matrix: which combinations were run for real, and what happened.
 
-``compat_matrix.yaml`` (at the project root) holds one row
+``compat_matrix.yaml`` (shipped in the package, ``specshim/data``) holds one row
 per tested combination. ``verdict`` answers for an installed combination: a row that matches
 the vLLM release and the speculators version exactly gives its measured verdict; a nightly or
 an unlisted release is *untested*, and the nearest measured rows are named, never claimed.
@@ -15,6 +15,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from specshim import data as shipped_data
 from specshim import versions
 
 VERDICTS = ("pass", "fail", "untested")
@@ -80,22 +81,26 @@ def _row(index: int, raw: Any) -> Row:
     return Row(**fields)
 
 
+def shipped() -> Path:
+    """The ``compat_matrix.yaml`` shipped with specshim (``specshim/data``): in a checkout
+    (an editable install) the file that ``scripts/run_matrix.py`` rewrites."""
+    return shipped_data.path("compat_matrix.yaml")
+
+
 def default_path() -> Path:
-    """``$SPECSHIM_MATRIX``, else the ``compat_matrix.yaml`` of this checkout."""
+    """``$SPECSHIM_MATRIX``, else the shipped matrix."""
     override = os.environ.get("SPECSHIM_MATRIX")
-    return (
-        Path(override) if override else Path(__file__).resolve().parents[2] / "compat_matrix.yaml"
-    )
+    return Path(override) if override else shipped()
 
 
 def load(path: str | Path | None = None) -> list[Row]:
     import yaml
 
     path = Path(path) if path else default_path()
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+    table = yaml.safe_load(path.read_text())
+    if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
         raise ValueError(f"{path}: expected a mapping with a 'rows' list")
-    return [_row(i, raw) for i, raw in enumerate(data["rows"])]
+    return [_row(i, raw) for i, raw in enumerate(table["rows"])]
 
 
 def _distance(a: Version, b: Version) -> tuple[int, int, int]:
