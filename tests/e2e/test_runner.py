@@ -222,3 +222,23 @@ def test_ctrl_c_is_one_line_exit_130_and_resumes(four_layers, tmp_path) -> None:
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"{200 - done} extracted, {done} already done" in second.stdout
+
+
+def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_command(
+    four_layers, tmp_path
+) -> None:
+    """vLLM itself refuses to start (a model folder without weights): one line, and no
+    specshim_extract.json recording the wrong model for the corrected command to trip on."""
+    broken, out = tmp_path / "no-weights", tmp_path / "out"
+    broken.mkdir()
+    for config in four_layers.glob("*.json"):
+        (broken / config.name).write_bytes(config.read_bytes())
+    dataset = write_rows(tmp_path / "data.jsonl", rows(four_layers, 3))
+    failed = extract_cmd(broken, dataset, out)
+    assert failed.returncode == 1
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"specshim extract: vLLM could not start {broken}: "), last
+    assert sorted(p.name for p in out.iterdir()) == []
+    corrected = extract_cmd(four_layers, dataset, out)
+    assert corrected.returncode == 0, corrected.stderr[-3000:]
+    assert "samples: 3 (3 extracted, 0 already done)" in corrected.stdout

@@ -224,3 +224,14 @@ def test_throughput_is_what_the_bar_last_showed() -> None:
     shown = stream.getvalue().split("samples")[1].split("tok/s")[0].strip()
     assert shown == f"{bar.tokens_per_second:,.0f}"
     assert bar.elapsed == pytest.approx(2.0, abs=0.5)
+
+
+def test_max_model_len_counts_rope_scaling_and_vllms_override(monkeypatch, four_layers) -> None:
+    config = extract.model_config(str(four_layers))
+    extract.check_length(config, 2048)
+    with pytest.raises(extract.ExtractionError, match="more than the model's 2048 positions"):
+        extract.check_length(config, 2049)
+    config.rope_scaling = {"rope_type": "linear", "factor": 2.0}
+    extract.check_length(config, 4096)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    extract.check_length(config, 100000)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import random
 import re
 import signal
@@ -166,12 +167,14 @@ def choose_layers(count: int, layers: list[int] | None) -> list[int]:
 
 
 def check_length(config: Any, max_model_len: int) -> None:
-    """Refuse a ``--max-model-len`` beyond the model's positions (times its RoPE scaling
-    factor, as vLLM counts them) before vLLM starts and refuses it."""
+    """Refuse a ``--max-model-len`` beyond the model's positions times its RoPE scaling factor
+    before vLLM starts and refuses it. vLLM's own limit is never above this one, so what passes
+    here and is still too long is vLLM's refusal (one line, nothing written); vLLM's
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` lifts both."""
     text = _text_config(config)
     positions = getattr(text, "max_position_embeddings", None)
     rope = getattr(text, "rope_scaling", None) or getattr(text, "rope_parameters", None) or {}
-    if positions is None:
+    if positions is None or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
         return
     longest = int(positions * (rope.get("factor") or 1))
     if max_model_len > longest:
@@ -363,12 +366,12 @@ def extract(
     work = plan(out, samples, prints)
     for path in work.stale:
         path.unlink()
-    files.Ledger(out / LEDGER).keep(work.kept)
     bar = Progress(total=len(work.todo), visible=progress)
     verified = ""
     if work.todo or verify or not _config_current(out, len(samples)):
         with _generator(model, layers, max_model_len, tensor_parallel_size, handoff) as generator:
-            files.save_json(out / MANIFEST, settings)
+            files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
+            files.Ledger(out / LEDGER).keep(work.kept)
             bar = _run(generator, out, work.todo, prints, samples, batch_size, limit, progress)
             _save_data_config(generator, out, data, max_model_len, len(samples))
             if verify:
