@@ -10,6 +10,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from specshim.runner import handoff as handoffs
+
 #: where ``specshim snapshot`` records by default: a checkout's shipped snapshots (run there)
 SNAPSHOTS_IN_CHECKOUT = Path("src/specshim/data/contracts")
 
@@ -77,6 +79,7 @@ def _extract(args: argparse.Namespace) -> int:
             truncate=args.truncate,
             skip_bad=args.skip_bad,
             verify=args.verify,
+            handoff=args.handoff,
         )
     print(summary.text())
     return 0
@@ -257,6 +260,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="after the run, re-extract N random samples one at a time and compare them with "
         "the batched files (5%% relative norm per token)",
+    )
+    ext.add_argument(
+        "--handoff",
+        choices=handoffs.CHOICES,
+        default="auto",
+        help="how the hidden states leave vLLM's worker: CUDA IPC (ipc; auto picks it on a "
+        "CUDA device) or speculators' RPC (rpc); the files are the same bit for bit",
     )
     ext.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     ext.set_defaults(handler=_extract)

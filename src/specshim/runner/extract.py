@@ -340,6 +340,10 @@ def extract(
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has."""
     check_numbers(batch_size, max_model_len, tensor_parallel_size, verify)
+    try:
+        ipc = handoffs.use_ipc(handoff)
+    except ValueError as exc:
+        raise ExtractionError(str(exc)) from None
     config = model_config(model)
     layers = choose_layers(_text_config(config).num_hidden_layers, layers)
     check_length(config, max_model_len)
@@ -369,7 +373,7 @@ def extract(
     bar = Progress(total=len(work.todo), visible=progress)
     verified = ""
     if work.todo or verify or not _config_current(out, len(samples)):
-        with _generator(model, layers, max_model_len, tensor_parallel_size, handoff) as generator:
+        with _generator(model, layers, max_model_len, tensor_parallel_size, ipc) as generator:
             files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
             files.Ledger(out / LEDGER).keep(work.kept)
             bar = _run(generator, out, work.todo, prints, samples, batch_size, limit, progress)
@@ -513,14 +517,14 @@ def _generator(
     layers: list[int],
     max_model_len: int,
     tensor_parallel_size: int,
-    handoff: str = "auto",
+    ipc: bool = False,
 ) -> Iterator[Any]:
     """speculators' generator, with its vLLM workers shut down on the way out.
 
     Its own ``__del__`` would do it at interpreter exit, when its logger is already gone.
-    ``handoff`` is how the states leave the worker: ``"rpc"`` (speculators' own way),
-    ``"ipc"`` (CUDA IPC, :mod:`specshim.runner.handoff`) or ``"auto"`` (IPC where vLLM runs on
-    a CUDA device). A start that fails is one line; vLLM's log above it has the details.
+    With ``ipc`` the states leave the worker by CUDA IPC (:mod:`specshim.runner.handoff`)
+    instead of speculators' RPC. A start that fails is one line; vLLM's log above it has the
+    details.
     """
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
@@ -536,7 +540,7 @@ def _generator(
     except Exception as exc:  # whatever vLLM raised: the user gets its first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ExtractionError(f"vLLM could not start {model}: {first}") from exc
-    if handoff == "ipc" or (handoff == "auto" and handoffs.available(generator)):
+    if ipc:
         handoffs.share_through_cuda_ipc(generator)
     try:
         yield generator

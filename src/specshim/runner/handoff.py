@@ -49,19 +49,34 @@ def _install(worker: Any) -> bool:
     return True
 
 
-def available(generator: Any) -> bool:
-    """Can the generator's states travel by CUDA IPC (vLLM runs on a CUDA device)?"""
+#: How the states may leave the worker: ``auto`` is IPC where vLLM runs on a CUDA device.
+CHOICES = ("auto", "rpc", "ipc")
+
+
+def _on_cuda() -> bool:
     from vllm.platforms import current_platform
 
-    return bool(current_platform.is_cuda()) and generator.executor is not None
+    return bool(current_platform.is_cuda())
+
+
+def use_ipc(handoff: str) -> bool:
+    """Decide, before vLLM starts, whether ``handoff`` means the IPC path here.
+
+    Raises ``ValueError`` (one line) for a name not in :data:`CHOICES`, or for ``"ipc"`` where
+    vLLM does not run on a CUDA device: there is no IPC handle to share, and the RPC path stays
+    (on the CPU it is near the engine's speed).
+    """
+    if handoff not in CHOICES:
+        raise ValueError(f"--handoff must be one of {', '.join(CHOICES)}, got {handoff!r}")
+    if handoff == "rpc":
+        return False
+    if _on_cuda():
+        return True
+    if handoff == "ipc":
+        raise ValueError("--handoff ipc needs vLLM on a CUDA device; use auto or rpc here")
+    return False
 
 
 def share_through_cuda_ipc(generator: Any) -> None:
-    """Switch ``generator``'s workers to the IPC hand-off (see the module docstring).
-
-    Raises ``RuntimeError`` when vLLM does not run on a CUDA device, where there is no IPC
-    handle to share (the RPC path stays, which on the CPU is near the engine's speed).
-    """
-    if not available(generator):
-        raise RuntimeError("the CUDA IPC hand-off needs vLLM on a CUDA device")
+    """Switch ``generator``'s workers to the IPC hand-off (see the module docstring)."""
     generator.executor.collective_rpc(_install)
