@@ -26,21 +26,40 @@ def render(rows: list[matrix.Row]) -> str:
         "  serves, so it runs beside PyPI's torch of the same version (a CUDA build) on the CPU.",
         "- level `probes`: no CPU build of that release; its Python sources were unpacked beside",
         "  the default test bed, every probe decided on them and speculators' generator imported.",
+        "- *accelerator*: where the row was measured. `specshim report` quotes a row as the",
+        "  verdict only on that accelerator; elsewhere it names the row as measured there.",
         "",
-        "| vLLM | speculators | transformers | torch | verdict | level | measured | adapters |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| vLLM | speculators | accelerator | transformers | torch | verdict | level | measured "
+        "| adapters |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        adapters = ", ".join(r.adapters) or "none"
         lines.append(
             f"| {r.distribution} {r.vllm} | {r.speculators}{' (control)' if r.control else ''} | "
-            f"{r.transformers or '?'} | "
-            f"{r.torch or '?'} | {r.verdict} | {r.level} | {r.measured} | {adapters} |"
+            f"{r.accelerator} | {r.transformers or '?'} | {r.torch or '?'} | {r.verdict} | "
+            f"{r.level} | {r.measured} | {adapters(r)} |"
         )
-        if r.error:  # a failed row says why, and what its note knows about the failure
-            note = f"; {r.note}" if r.note else ""
-            lines.append(f"|  | first error: `{r.error}`{note} | | | | | | |")
+        if said := remark(r):
+            lines.append(f"|  | {said} | | | | | | | |")
     return "\n".join(lines) + "\n"
+
+
+def adapters(row: matrix.Row) -> str:
+    """The adapters a row applied: "none" when it applied none, "not recorded" when its run
+    did not record them (its note says so)."""
+    if row.adapters is None:
+        return "not recorded"
+    return ", ".join(row.adapters) or "none"
+
+
+def remark(row: matrix.Row) -> str | None:
+    """The line under a row that needs one: a failed row's first error and what its note knows
+    about it; a row without its adapter list, its note (what that run did and did not show)."""
+    if row.error:
+        return f"first error: `{row.error}`" + (f"; {row.note}" if row.note else "")
+    if row.adapters is None:
+        return row.note
+    return None
 
 
 def main() -> int:

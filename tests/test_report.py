@@ -10,19 +10,47 @@ from pathlib import Path
 
 import pytest
 
-from specshim import engine
+from specshim import engine, hardware, matrix, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 jsonschema = pytest.importorskip("jsonschema")
 
 
-def report(*args: str, speculators: str | None = None) -> subprocess.CompletedProcess:
+#: ``specshim report ARGS`` on a machine whose accelerator is an H200: this one has none, so
+#: the detection is replaced by a fake that answers what torch answers on the lent H200
+ON_A_FAKE_H200 = (
+    "import sys\n"
+    "from specshim import cli, hardware\n"
+    "h200 = hardware.Accelerator('cuda', 'NVIDIA H200', 1, 'sm_90', 'Hopper', 'cu130')\n"
+    "hardware.detect = lambda: h200\n"
+    "sys.exit(cli.main(['report', *sys.argv[1:]]))\n"
+)
+
+
+def report(
+    *args: str, speculators: str | None = None, fake_h200: bool = False
+) -> subprocess.CompletedProcess:
     env = {**os.environ}
     env.pop(engine.APPLY_ENV, None)
     if speculators:
         env["PYTHONPATH"] = str(ROOT / ".spec" / speculators)
-    cmd = [sys.executable, "-m", "specshim.cli", "report", *args]
+    command = ["-c", ON_A_FAKE_H200] if fake_h200 else ["-m", "specshim.cli", "report"]
+    cmd = [sys.executable, *command, *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def one_row_matrix(folder: Path, speculators: str, accelerator: str) -> versions.Installed:
+    """A matrix (a real file, given to the report through SPECSHIM_MATRIX) whose one row is
+    the installed vLLM with ``speculators``, measured on ``accelerator``; the installed vLLM."""
+    installed = versions.vllm()
+    if installed.version is None:
+        pytest.skip("vLLM is not installed")
+    row = f"distribution: {installed.distribution}, verdict: pass, level: extraction"
+    (folder / "matrix.yaml").write_text(
+        f"rows:\n  - {{vllm: '{installed.version}', speculators: '{speculators}', {row}, "
+        f"measured: '2026-12-03', accelerator: '{accelerator}'}}\n"
+    )
+    return installed
 
 
 def test_json_report_validates_against_the_documented_schema() -> None:
@@ -70,22 +98,42 @@ def test_report_names_an_untested_speculators_version(tmp_path: Path, monkeypatc
     and speculators 0.3.0 installed: the verdict names 0.3.0 as the untested part and this
     vLLM's rows with 0.4.0.1 as the nearest."""
     from conftest import speculators_path
-    from specshim import versions
 
     speculators_path("0.3.0")
-    installed = versions.vllm()
-    if installed.version is None:
-        pytest.skip("vLLM is not installed")
-    table = tmp_path / "matrix.yaml"
-    row = f"distribution: {installed.distribution}, verdict: pass, level: extraction"
-    table.write_text(
-        f"rows:\n  - {{vllm: '{installed.version}', speculators: '0.4.0.1', {row}, "
-        "measured: '2026-12-02'}\n"
-    )
-    monkeypatch.setenv("SPECSHIM_MATRIX", str(table))
+    installed = one_row_matrix(tmp_path, "0.4.0.1", "CPU (x86_64)")
+    monkeypatch.setenv("SPECSHIM_MATRIX", str(tmp_path / "matrix.yaml"))
     result = report("--json", "--no-import", speculators="0.3.0")
     verdict = json.loads(result.stdout)["verdict"]
     assert verdict["status"] == "untested"
     assert verdict["detail"].startswith("speculators 0.3.0 is not in the matrix")
     label = f"{installed.distribution} {installed.version} + speculators 0.4.0.1"
     assert f"nearest tested rows: {label}: pass at extraction" in verdict["detail"]
+
+
+def test_a_row_measured_on_the_h200_is_quoted_on_the_h200_only(tmp_path: Path, monkeypatch) -> None:
+    """The same matrix row (this vLLM with speculators 0.3.0, measured on an H200) is the
+    verdict of a report on an H200 (a fake one: the detection replaced) and, on this machine
+    (the CPU), is named as measured on the H200."""
+    from conftest import speculators_path
+
+    speculators_path("0.3.0")
+    installed = one_row_matrix(tmp_path, "0.3.0", "NVIDIA H200, sm_90")
+    monkeypatch.setenv("SPECSHIM_MATRIX", str(tmp_path / "matrix.yaml"))
+    label = f"{installed.distribution} {installed.version} + speculators 0.3.0"
+    on_h200 = report("--json", "--no-import", speculators="0.3.0", fake_h200=True)
+    data = json.loads(on_h200.stdout)
+    assert data["accelerator"]["name"] == "NVIDIA H200"
+    assert data["verdict"] == {
+        "status": "tested-pass",
+        "detail": "reached extraction (2026-12-03)",
+        "rows": [label],
+    }
+    this_machine = matrix.where(hardware.detect())
+    if this_machine == "NVIDIA H200, sm_90":
+        pytest.skip("this machine is an H200: there is no elsewhere to show")
+    here = report("--no-import", speculators="0.3.0")
+    verdict = here.stdout.splitlines()[-1]
+    assert verdict.startswith(
+        f"verdict: untested: measured elsewhere, not on this {this_machine}: "
+    )
+    assert verdict.endswith(f"{label} on NVIDIA H200, sm_90: pass at extraction (2026-12-03)")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specshim import contracts, engine, matrix, versions
+from specshim import contracts, engine, hardware, matrix, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,8 @@ def test_installed_report_quotes_the_shipped_matrix(installed: Path, tmp_path: P
     """``specshim report`` of the installed wheel, run in an empty folder, gives the verdict the
     checkout's matrix gives for this vLLM with speculators 0.3.0: a measured row, quoted."""
     vllm = installed_vllm()
-    expected = matrix.verdict(matrix.load(), vllm.version, "0.3.0", vllm.distribution)
+    here = matrix.where(hardware.detect())
+    expected = matrix.verdict(matrix.load(), vllm.version, "0.3.0", vllm.distribution, here)
     assert expected.status != "untested", expected.detail  # the matrix measured this setup
     result = as_a_user("report", "--json", "--no-import", bin_dir=installed, cwd=tmp_path)
     assert result.returncode in (0, 1), result.stderr[-3000:]

