@@ -251,6 +251,27 @@ def test_triage_of_a_snapshot_that_is_not_json_names_the_file(tmp_path: Path) ->
     assert f"{broken}: expected a specshim snapshot (JSON)" in result.stderr
 
 
+def triage_changed_live(changes: list[str], disable: str = "") -> subprocess.CompletedProcess:
+    """``specshim triage`` against the 0.32.0 snapshot, in a process whose real vLLM first gets
+    the named simulated ``changes`` (tests/upstream_changes.py)."""
+    pytest.importorskip("vllm")
+    from conftest import speculators_path
+
+    tests = Path(__file__).resolve().parent
+    against = contracts.shipped() / "vllm-0.32.0.json"
+    code = "".join(
+        ["import sys, upstream_changes\n"]
+        + [f"upstream_changes.{change}()\n" for change in changes]
+        + ["from specshim import cli\n"]
+        + [f"sys.exit(cli.main(['triage', '--against', {str(against)!r}]))\n"]
+    )
+    path = os.pathsep.join([str(tests), str(speculators_path("0.3.0"))])
+    env = {**os.environ, "PYTHONPATH": path, "SPECSHIM_DISABLE": disable}
+    env.pop("SPECSHIM_APPLY", None)
+    command = [sys.executable, "-c", code]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+
 @pytest.mark.vllm
 def test_triage_fails_on_a_live_change_no_probe_decided() -> None:
     """Two upstream changes simulated live on the real vLLM (tests/upstream_changes.py):
@@ -258,27 +279,26 @@ def test_triage_fails_on_a_live_change_no_probe_decided() -> None:
     required Request parameter while request_eos_token_id, which reads that signature, is
     disabled (its probe never runs). Both facts have an adapter; neither was shown to
     handle the move, so triage names fact and adapter and exits 1."""
-    pytest.importorskip("vllm")
-    from conftest import speculators_path
-
-    tests = Path(__file__).resolve().parent
-    against = contracts.shipped() / "vllm-0.32.0.json"
-    code = (
-        "import sys, upstream_changes\n"
-        "upstream_changes.rename_rpc_reply_rank()\n"
-        "upstream_changes.require_request_parameter()\n"
-        "from specshim import cli\n"
-        f"sys.exit(cli.main(['triage', '--against', {str(against)!r}]))\n"
+    result = triage_changed_live(
+        ["rename_rpc_reply_rank", "require_request_parameter"], disable="request_eos_token_id"
     )
-    path = os.pathsep.join([str(tests), str(speculators_path("0.3.0"))])
-    env = {**os.environ, "PYTHONPATH": path, "SPECSHIM_DISABLE": "request_eos_token_id"}
-    env.pop("SPECSHIM_APPLY", None)
-    command = [sys.executable, "-c", code]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     out = result.stdout
     assert "moved facts no adapter covers: 0" in out, out[-3000:] + result.stderr[-3000:]
     assert "moved facts whose adapter did not decide on this installation: 2" in out
     rpc = "signature:vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc"
     assert f"  {rpc}  [rpc_reply_shape: unknown shape: adapter 'rpc_reply_shape' expected" in out
     assert "  signature:vllm.v1.request:Request.__init__  [request_eos_token_id: disabled: " in out
+    assert result.returncode == 1
+
+
+@pytest.mark.vllm
+def test_triage_fails_when_request_requires_what_the_generator_does_not_pass() -> None:
+    """The issue's case with every adapter on: a new required ``Request`` parameter (simulated
+    live). request_eos_token_id owns the generator's Request call; its probe meets a shape it
+    has no answer for, so the moved signature is not covered and triage exits 1."""
+    result = triage_changed_live(["require_request_parameter"])
+    out = result.stdout
+    assert "Request also requires tenant" in out, out[-3000:] + result.stderr[-3000:]
+    request = "  signature:vllm.v1.request:Request.__init__  [request_eos_token_id: unknown shape"
+    assert request in out
     assert result.returncode == 1

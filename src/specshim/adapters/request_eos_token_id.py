@@ -3,14 +3,23 @@
 The generator passes ``eos_token_id=tokenizer.eos_token_id``; from 0.17 that is a
 ``TypeError`` (the EOS now lives in ``SamplingParams``). Extraction samples one token and
 throws it away, so the EOS plays no part; the argument is dropped, not moved.
+
+This adapter owns the generator's ``Request(...)`` call, so its probe also refuses a
+``Request`` that requires a parameter the generator does not pass: no answer is known for
+that, and the generator would fail at its first batch.
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 from specshim.adapters.base import (
     Adapter,
     Patch,
     Probe,
+    UnknownShape,
     calls_with_keyword,
     generator_class,
     module,
@@ -22,9 +31,27 @@ from specshim.adapters.base import (
 from specshim.adapters.targets import GENERATOR
 
 
+def required(func: Callable[..., Any]) -> list[str]:
+    """The parameters of ``func`` a caller must pass (no default; not ``self``, ``*args``)."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        name
+        for name, p in parameters(func).items()
+        if name != "self" and p.kind in named and p.default is inspect.Parameter.empty
+    ]
+
+
 def probe() -> Probe:
     request = vars(module(GENERATOR))["Request"]
-    if not calls_with_keyword(generator_class().generate, "Request", "eos_token_id"):
+    generate = generator_class().generate
+    if unpassed := [
+        n for n in required(request.__init__) if not calls_with_keyword(generate, "Request", n)
+    ]:
+        raise UnknownShape(
+            "Request(...) requiring only parameters the generator passes",
+            f"Request also requires {', '.join(unpassed)}",
+        )
+    if not calls_with_keyword(generate, "Request", "eos_token_id"):
         return not_needed("the generator does not pass eos_token_id")
     if "eos_token_id" in parameters(request.__init__):
         return not_needed("Request still accepts eos_token_id (vLLM before 0.17)")
