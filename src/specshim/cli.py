@@ -264,9 +264,9 @@ def parser() -> argparse.ArgumentParser:
     ext.add_argument(
         "--handoff",
         choices=handoffs.CHOICES,
-        default="auto",
-        help="how the hidden states leave vLLM's worker: CUDA IPC (ipc; auto picks it on a "
-        "CUDA device) or speculators' RPC (rpc); the files are the same bit for bit",
+        default="rpc",
+        help="how the hidden states leave vLLM's worker: speculators' RPC, or CUDA IPC (ipc: "
+        "a CUDA device only; the same tensors bit for bit, its speed not yet measured)",
     )
     ext.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     ext.set_defaults(handler=_extract)

@@ -8,8 +8,9 @@ driver without that flag, and torch marks every later fork as poisoned: the work
 ``RuntimeError: Cannot re-initialize CUDA in forked subprocess``. vLLM's ``LLM`` never meets
 this, since its engine core runs in a process of its own; speculators' generator builds the
 executor in the caller's process. Here the executor the generator builds starts its workers
-with ``spawn`` (for the time of its construction only, unless the user chose a method); the
-``vllm.general_plugins`` entry point re-applies specshim in the spawned workers.
+with ``spawn`` during its construction, whatever the process's setting (a fork cannot work
+here), which is back in place afterwards; the ``vllm.general_plugins`` entry point re-applies
+specshim in the spawned workers.
 """
 
 from __future__ import annotations

@@ -332,7 +332,7 @@ def extract(
     truncate: bool = False,
     skip_bad: bool = False,
     progress: bool = True,
-    handoff: str = "auto",
+    handoff: str = "rpc",
     verify: int = 0,
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
@@ -341,7 +341,7 @@ def extract(
     starts; ``specshim_extract.json`` is written only once it has."""
     check_numbers(batch_size, max_model_len, tensor_parallel_size, verify)
     try:
-        ipc = handoffs.use_ipc(handoff)
+        handoffs.check(handoff)
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
     config = model_config(model)
@@ -357,6 +357,12 @@ def extract(
     from specshim.runner import hardware_setup
 
     hardware_setup.prepare_for_vllm(tensor_parallel_size)
+    ipc = handoff == "ipc"
+    if ipc:  # after vLLM's settings: this imports vLLM
+        try:
+            handoffs.require_cuda()
+        except ValueError as exc:
+            raise ExtractionError(str(exc)) from None
     specshim.apply()
     tokenizer = AutoTokenizer.from_pretrained(model)
     skipped: list[dataset.BadRow] = []
@@ -540,9 +546,9 @@ def _generator(
     except Exception as exc:  # whatever vLLM raised: the user gets its first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ExtractionError(f"vLLM could not start {model}: {first}") from exc
-    if ipc:
-        handoffs.share_through_cuda_ipc(generator)
     try:
+        if ipc:
+            handoffs.share_through_cuda_ipc(generator)
         yield generator
     finally:
         generator.executor.shutdown()

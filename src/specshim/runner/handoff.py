@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The worker attribute that holds the last shared batch (so its memory stays mapped).
+#: The worker attribute that holds the last batch it shared. Kept until the next fetch (the
+#: generator has copied every sample to the host by then), so the caller's mapping never
+#: depends on torch's bookkeeping of freed IPC blocks; costs one batch of states on the GPU.
 _KEPT = "_specshim_shared_states"
 
 
@@ -34,47 +36,56 @@ class _SharedCudaTensor:
         return reduce_tensor(self.tensor)
 
 
+def shareable(states: Any) -> Any:
+    """``states`` in the shape the generator expects, every tensor replaced by its IPC handle.
+
+    speculators 0.3.0's worker replies with one tensor per layer (a list), 0.4.x with a dict
+    of request id to that list; ``None`` means nothing was captured. Another shape raises
+    ``TypeError`` naming it, since the generator could not read a reply of that shape either.
+    """
+    if states is None:
+        return None
+    if isinstance(states, list):
+        return [_SharedCudaTensor(t) for t in states]
+    if isinstance(states, dict):
+        return {key: shareable(layers) for key, layers in states.items()}
+    raise TypeError(
+        "CUDA IPC hand-off: expected the worker's captured states as a list of per-layer "
+        f"tensors or a dict of request id to such a list, found {type(states).__name__}"
+    )
+
+
 def _install(worker: Any) -> bool:
     """Run in each vLLM worker: make ``_get_captured_states`` reply with IPC handles."""
     fetch = worker._get_captured_states
 
-    def shared() -> list[_SharedCudaTensor] | None:
+    def shared() -> Any:
         states = fetch()
         setattr(worker, _KEPT, states)
-        if states is None:
-            return None
-        return [_SharedCudaTensor(t) for t in states]
+        return shareable(states)
 
     worker._get_captured_states = shared
     return True
 
 
-#: How the states may leave the worker: ``auto`` is IPC where vLLM runs on a CUDA device.
-CHOICES = ("auto", "rpc", "ipc")
+#: How the states may leave the worker. ``rpc`` (speculators' own way) stays the default until
+#: the IPC path's speed is measured on a GPU; its tensors equal the RPC path's (tests/gpu).
+CHOICES = ("rpc", "ipc")
 
 
-def _on_cuda() -> bool:
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cuda())
-
-
-def use_ipc(handoff: str) -> bool:
-    """Decide, before vLLM starts, whether ``handoff`` means the IPC path here.
-
-    Raises ``ValueError`` (one line) for a name not in :data:`CHOICES`, or for ``"ipc"`` where
-    vLLM does not run on a CUDA device: there is no IPC handle to share, and the RPC path stays
-    (on the CPU it is near the engine's speed).
-    """
+def check(handoff: str) -> None:
+    """Refuse a name not in :data:`CHOICES` with one line (before anything starts)."""
     if handoff not in CHOICES:
         raise ValueError(f"--handoff must be one of {', '.join(CHOICES)}, got {handoff!r}")
-    if handoff == "rpc":
-        return False
-    if _on_cuda():
-        return True
-    if handoff == "ipc":
-        raise ValueError("--handoff ipc needs vLLM on a CUDA device; use auto or rpc here")
-    return False
+
+
+def require_cuda() -> None:
+    """Refuse the IPC path where vLLM does not run on a CUDA device: there is no IPC handle to
+    share (the RPC path stays; on the CPU it is near the engine's speed)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        raise ValueError("--handoff ipc needs vLLM on a CUDA device; use rpc here")
 
 
 def share_through_cuda_ipc(generator: Any) -> None:
