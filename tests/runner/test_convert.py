@@ -327,3 +327,22 @@ def test_an_out_holding_other_files_is_refused_and_left_alone(
     code, _, err = in_process(capsys, "--data", str(legacy), "--out", str(out))
     assert code == 1 and "holds no specshim_convert.json" in err
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
+def test_fp8_quantized_states_are_refused_by_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """hs_connectors' FP8 backend stores scales beside float8 states; moving the float8
+    tensors into data_{i}.pt would drop the scales, so the file is refused."""
+    from safetensors.torch import load_file, save_file
+
+    native = write_native(tmp_path / "native", [2, 4, 5, 6])
+    path = native / "hidden_states" / "hs_2.safetensors"
+    tensors = load_file(path)
+    tensors["hidden_states_scales"] = torch.ones(LENGTHS[2], dtype=torch.float32)
+    save_file(tensors, path)
+    capsys.readouterr()
+    argv = ["--data", str(native), "--out", str(tmp_path / "out"), "--layers", "2,4,5,6"]
+    code, _, err = in_process(capsys, *argv)
+    assert code == 1 and err.count("\n") == 1
+    assert "hs_2.safetensors: FP8-quantized states" in err

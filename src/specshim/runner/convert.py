@@ -67,6 +67,8 @@ ARROW_FILE = re.compile(r"hs_(\d+)\.safetensors")
 #: What ``datasets``' ``save_to_disk`` writes beside the Arrow shards.
 ARROW_META = ("dataset_info.json", "state.json")
 STAGING = ".specshim_arrow.tmp"
+#: The per-token scales hs_connectors' FP8 backend stores beside quantized states.
+FP8_SCALES = "hidden_states_scales"
 
 
 class ConversionError(ValueError):
@@ -288,6 +290,11 @@ class ArrowSource:
                 f"{path}: could not be loaded as speculators >= 0.5 hidden states "
                 f"(hidden_states, token_ids): {_one_line(exc)}"
             ) from None
+        if FP8_SCALES in data:
+            raise ConversionError(
+                f"{path}: FP8-quantized states (hs_connectors' fp8 backend) are not supported: "
+                "generate with the file backend"
+            )
         ids, mask = self.row(i)
         if states.dim() != 3:
             raise ConversionError(
