@@ -227,3 +227,14 @@ def test_adapters_that_are_not_a_list_are_named(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="row 0: adapters must be a list of names, got 'kv_"):
         matrix.load(path)
+
+
+def test_a_nearest_row_measured_on_another_accelerator_says_where() -> None:
+    """On the CPU, the H200's CUDA vLLM 0.26.0 row may be the nearest to an untested CUDA
+    vLLM 0.26.0 pairing; quoting it without its accelerator would pass a GPU result off as
+    this machine's."""
+    table = h200_rows()
+    result = matrix.verdict(table, "0.26.0", "0.4.0.1", "vllm", matrix.where(X86))
+    assert "vllm 0.26.0 + speculators 0.3.0 on NVIDIA H200, sm_90: pass" in result.detail
+    here = matrix.verdict(table, "0.26.0", "0.4.0.1", "vllm", matrix.where(FAKE_H200))
+    assert "vllm 0.26.0 + speculators 0.3.0: pass" in here.detail

@@ -56,5 +56,8 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":  # the installed distribution's, so there is one source of truth
         from importlib import metadata
 
-        return metadata.version("specshim")
+        try:
+            return metadata.version("specshim")
+        except metadata.PackageNotFoundError:  # run from a source tree on PYTHONPATH
+            return "unknown (not installed)"
     raise AttributeError(f"module 'specshim' has no attribute {name!r}")

@@ -41,7 +41,7 @@ def detect() -> Accelerator:
     """Ask torch what is here; without torch the answer is the CPU."""
     import platform
 
-    cpu = platform.processor() or platform.machine()
+    cpu = platform.machine()  # the architecture; platform.processor() varies by distribution
     try:
         import torch
     except ImportError:

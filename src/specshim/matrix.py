@@ -160,7 +160,7 @@ def verdict(
         worst = "fail" if any(r.verdict == "fail" for r in here) else "pass"
         return Verdict(f"tested-{worst}", f"reached {_levels(here)}", tuple(here))
     nearest = _nearest(rows, installed, versions.parse(speculators), distribution)
-    names = "; ".join(f"{r.label()}: {r.verdict} at {r.level}" for r in nearest) or "none"
+    names = "; ".join(_nearby(r, accelerator) for r in nearest) or "none"
     untested = _untested_part(rows, installed, vllm, speculators, distribution)
     return Verdict("untested", f"{untested}; nearest tested rows: {names}", tuple(nearest))
 
@@ -173,6 +173,12 @@ def _levels(rows: list[Row]) -> str:
         + (f" [{r.note}]" if r.note else "")
         for r in rows
     )
+
+
+def _nearby(row: Row, accelerator: str | None) -> str:
+    """A nearest row as quoted, with where it was measured when that is not here."""
+    on = "" if accelerator in (None, row.accelerator) else f" on {row.accelerator}"
+    return f"{row.label()}{on}: {row.verdict} at {row.level}"
 
 
 def _measured_elsewhere(rows: list[Row], accelerator: str | None) -> Verdict:

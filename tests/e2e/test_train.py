@@ -141,7 +141,7 @@ def test_resume_after_a_kill_loses_and_repeats_no_epoch(extracted, tmp_path) -> 
     # the first resumed step, up to 3 % nine steps later; a wrong learning-rate schedule after
     # resuming, for comparison, is 15 % off at once)
     logged = sorted(set(resumed["step_epochs"]))
-    assert logged[-(epochs - 1 - max(done)) :] == list(range(max(done) + 1, epochs))
+    assert [e for e in logged if e > max(done)] == list(range(max(done) + 1, epochs))
     assert resumed["step_epochs"] == [e for e in logged for _ in range(per_epoch)]
     pairs = zip(whole["losses"], whole["step_epochs"], strict=True)
     same_epochs = [loss for loss, epoch in pairs if epoch in logged]

@@ -236,3 +236,13 @@ def test_max_model_len_counts_rope_scaling_and_vllms_override(monkeypatch, four_
     extract.check_length(config, 4096)
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     extract.check_length(config, 100000)
+
+
+def test_truncation_that_leaves_nothing_to_learn_is_refused_with_the_line() -> None:
+    """A chat whose assistant turn lies beyond max_model_len - 1: --truncate would write a
+    sample with an all-zero loss mask, which the row checks refuse everywhere else."""
+    kept = dataset.Sample(0, 1, [5] * 8, [1] * 8)
+    lost = dataset.Sample(1, 3, [5] * 8, [0] * 6 + [1] * 2)
+    assert extract._prepare([kept], limit=6, truncate=True) == 1
+    with pytest.raises(extract.ExtractionError, match="line 3: truncated to max_model_len - 1"):
+        extract._prepare([kept, lost], limit=6, truncate=True)

@@ -229,6 +229,13 @@ def _prepare(samples: list[dataset.Sample], limit: int, truncate: bool) -> int:
             f"line {first.line} has {len(first.input_ids)} tokens, more than max_model_len - 1 "
             f"= {limit} ({len(over)} such rows); raise --max-model-len or pass --truncate"
         )
+    if emptied := [s for s in over if not any(s.loss_mask[:limit])]:
+        first = emptied[0]
+        raise ExtractionError(
+            f"line {first.line}: truncated to max_model_len - 1 = {limit} tokens it keeps none "
+            f"the draft learns from (its loss mask is 0 there; {len(emptied)} such rows); "
+            "raise --max-model-len or remove the row"
+        )
     return len(over)
 
 

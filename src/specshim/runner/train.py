@@ -82,9 +82,8 @@ class TrainResult:
         """The log at ``path`` (empty if there is none); a log without epochs keeps them all."""
         if not path.exists():
             return cls()
-        import json
 
-        log = json.loads(path.read_text())
+        log = run_file(path)
         losses = [float(x) for x in log.get("losses", [])]
         return cls(
             losses=losses,
@@ -365,14 +364,27 @@ def check_out(out: Path, settings: Settings, resume: bool, overwrite: bool) -> N
     elif not (out / SETTINGS_FILE).exists():
         note(f"--resume: {out} records no settings ({SETTINGS_FILE}); they cannot be checked")
     else:
-        import json
-
-        differences = settings.differences(json.loads((out / SETTINGS_FILE).read_text()))
+        differences = settings.differences(run_file(out / SETTINGS_FILE))
         if differences:
             raise ValueError(
                 f"--resume: the run in {out} had other settings: {'; '.join(differences)}; "
                 f"pass the same, or --overwrite to start over, or pick a new --out"
             )
+
+
+def run_file(path: Path) -> dict[str, Any]:
+    """A JSON object this module wrote into ``--out``; anything else is one line naming it."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} cannot be read ({exc}); expected the JSON a run writes") from exc
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path} holds a {type(data).__name__}; expected the JSON object a run writes"
+        )
+    return data
 
 
 def remove_run(out: Path) -> None:
@@ -382,7 +394,8 @@ def remove_run(out: Path) -> None:
     removes too; nothing else in ``out`` is touched (``check_out`` refused any).
     """
     trash = out / TRASH
-    trash.mkdir(exist_ok=True)
+    shutil.rmtree(trash, ignore_errors=True)  # an earlier overwrite's, killed midway
+    trash.mkdir()
     for path in _contents(out):
         if path != trash:
             path.rename(trash / path.name)
