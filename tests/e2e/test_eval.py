@@ -106,14 +106,20 @@ def test_off_by_one_layer_ids_serve_and_are_measured(pipeline) -> None:
           f"off by one {first_position(work / 'eval-shift-0' / 'eval.json'):.3f}")  # fmt: skip
 
 
-def test_a_second_run_in_the_same_workdir_resumes_extraction_and_retrains(pipeline) -> None:
-    """The README's main command, run again: the verifier and the extracted states are reused
-    (every sample already done), the draft is trained anew instead of refused as a mixed run.
-    Last in this file: it replaces the draft the tests above read."""
+def test_a_second_run_in_the_same_workdir_resumes_extraction_and_retrains(
+    pipeline, tmp_path
+) -> None:
+    """The README's main command, run again in its work directory: the extracted states are
+    reused (every sample already done) and the draft is trained anew, not refused as a mixed
+    run. Its own work directory (the pipeline's verifier copied in), so the draft the tests
+    above read is never replaced."""
     work, _ = pipeline
-    again = specshim("run", "--workdir", str(work), "--epochs", "1")
-    assert "(0 extracted, 300 already done)" in again.stdout
-    log = json.loads((work / "draft" / "train_log.json").read_text())
+    again = tmp_path / "again"
+    shutil.copytree(work / "verifier", again / "verifier")
+    specshim("run", "--workdir", str(again), "--samples", "40", "--epochs", "2")
+    second = specshim("run", "--workdir", str(again), "--samples", "40", "--epochs", "1")
+    assert "(0 extracted, 40 already done)" in second.stdout
+    log = json.loads((again / "draft" / "train_log.json").read_text())
     assert set(log["step_epochs"]) == {0}, "the earlier run's epochs must be gone"
-    assert not (work / "draft" / "checkpoints" / "1").exists(), "an old epoch was left behind"
-    assert "greedy output identical to the run without the draft: True" in again.stdout
+    assert not (again / "draft" / "checkpoints" / "1").exists(), "an old epoch was left behind"
+    assert "greedy output identical to the run without the draft: True" in second.stdout
