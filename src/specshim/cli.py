@@ -397,29 +397,44 @@ def parser() -> argparse.ArgumentParser:
     )
     tri.set_defaults(handler=_triage)
 
-    ev = commands.add_parser("eval", help="acceptance of a draft in vLLM's EAGLE-3 decoding")
-    ev.add_argument("--verifier", required=True)
+    ev = commands.add_parser(
+        "eval",
+        help="acceptance of a draft in vLLM's EAGLE-3 decoding",
+        formatter_class=DefaultsShown,
+    )
+    ev.add_argument("--verifier", required=True, help="the verifier model folder (or hub id)")
     ev.add_argument("--draft", type=Path, required=True, help="training or exported folder")
     ev.add_argument("--data", type=Path, default=None, help="the extraction folder (layer ids)")
     ev.add_argument("--prompts", type=Path, default=None, help="one prompt a line")
     ev.add_argument("--k", type=int, default=3, help="speculative tokens per step")
-    ev.add_argument("--max-tokens", type=int, default=48)
-    ev.add_argument("--max-model-len", type=int, default=256)
+    ev.add_argument("--max-tokens", type=int, default=48, help="tokens generated per prompt")
+    ev.add_argument("--max-model-len", type=int, default=256, help="vLLM's context")
     ev.add_argument(
         "--layer-shift",
         type=int,
         default=1,
         help="serving id = generator id + shift; 1 is consistent, 0 reads one layer early",
     )
-    ev.add_argument("--out", type=Path, default=None)
+    ev.add_argument(
+        "--out", type=Path, default=None, help="where eval.json goes (default: beside the draft)"
+    )
     ev.set_defaults(handler=_eval)
 
-    run = commands.add_parser("run", help="the whole pipeline on a built-in tiny verifier")
-    run.add_argument("--workdir", type=Path, default=Path("runs/default"))
-    run.add_argument("--max-model-len", type=int, default=256)
-    run.add_argument("--verifier-seconds", type=float, default=180.0)
-    run.add_argument("--samples", type=int, default=300)
-    run.add_argument("--epochs", type=int, default=3)
+    run = commands.add_parser(
+        "run", help="the whole pipeline on a built-in tiny verifier", formatter_class=DefaultsShown
+    )
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs/default"),
+        help="everything goes here; a rerun reuses the verifier and the extracted states",
+    )
+    run.add_argument("--max-model-len", type=int, default=256, help="vLLM's context")
+    run.add_argument(
+        "--verifier-seconds", type=float, default=180.0, help="training time of the verifier"
+    )
+    run.add_argument("--samples", type=int, default=300, help="rows extracted for training")
+    run.add_argument("--epochs", type=int, default=3, help="draft training epochs")
     run.set_defaults(handler=_run)
     return root
 

@@ -97,19 +97,23 @@ def test_vocab_sizes_and_model_are_one_line(capsys, tmp_path, sizes, expected) -
     assert expected in err[0]
 
 
-def subcommand(name: str) -> argparse.ArgumentParser:
+def subcommands() -> dict[str, argparse.ArgumentParser]:
     commands = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return commands.choices[name]
+    return dict(commands.choices)
 
 
-@pytest.mark.parametrize("name", ["train", "vocab"])
+def subcommand(name: str) -> argparse.ArgumentParser:
+    return subcommands()[name]
+
+
+@pytest.mark.parametrize("name", sorted(subcommands()))
 def test_every_option_has_help_and_shows_its_default(name) -> None:
     command = subcommand(name)
     options = [a for a in command._actions if a.option_strings and a.dest != "help"]
     assert [a.dest for a in options if not a.help] == []
     shown = command.format_help()
     for action in options:
-        if not action.required and action.default not in (None, False):
+        if not action.required and action.default not in (None, False, []):
             assert f"(default: {action.default})" in " ".join(shown.split()), action.dest
 
 
