@@ -347,8 +347,11 @@ def extract(
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has."""
     check_numbers(batch_size, max_model_len, tensor_parallel_size, verify)
+    ipc = handoff == "ipc"
     try:
         handoffs.check(handoff)
+        if ipc:
+            handoffs.require_cuda()
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
     config = model_config(model)
@@ -364,12 +367,6 @@ def extract(
     from specshim.runner import hardware_setup
 
     hardware_setup.prepare_for_vllm(tensor_parallel_size)
-    ipc = handoff == "ipc"
-    if ipc:  # after vLLM's settings: this imports vLLM
-        try:
-            handoffs.require_cuda()
-        except ValueError as exc:
-            raise ExtractionError(str(exc)) from None
     specshim.apply()
     tokenizer = AutoTokenizer.from_pretrained(model)
     skipped: list[dataset.BadRow] = []

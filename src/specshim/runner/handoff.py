@@ -80,11 +80,12 @@ def check(handoff: str) -> None:
 
 
 def require_cuda() -> None:
-    """Refuse the IPC path where vLLM does not run on a CUDA device: there is no IPC handle to
-    share (the RPC path stays; on the CPU it is near the engine's speed)."""
-    from vllm.platforms import current_platform
+    """Refuse the IPC path where torch sees no CUDA device: there is no IPC handle to share
+    (the RPC path stays; on the CPU it is near the engine's speed). Asks torch, not vLLM, so
+    that it can run before vLLM's settings are chosen."""
+    from specshim import hardware
 
-    if not current_platform.is_cuda():
+    if hardware.detect().kind != "cuda":
         raise ValueError("--handoff ipc needs vLLM on a CUDA device; use rpc here")
 
 
