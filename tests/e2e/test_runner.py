@@ -36,17 +36,22 @@ def extract_args(model: Path, dataset: Path, out: Path) -> list[str]:
             "--max-model-len", "256", "--batch-size", "4"]  # fmt: skip
 
 
+def wait_for_samples(process: subprocess.Popen, out: Path, ending: str, count: int = 8) -> None:
+    """Wait (up to 5 minutes) until ``process`` has written ``count`` samples into ``out``."""
+    deadline = time.monotonic() + 300
+    while len(list(out.glob("data_*.pt"))) < count:
+        assert process.poll() is None, f"extraction ended before it could be {ending}"
+        assert time.monotonic() < deadline, "no samples written within 5 minutes"
+        time.sleep(0.2)
+
+
 def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tmp_path) -> None:
     model, out = tiny_models["llama"], tmp_path / "out"
     dataset = data.write(tmp_path / "data.jsonl", count=48)
     cmd, env = specshim_command(*extract_args(model, dataset, out))
     first = subprocess.Popen(cmd, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 300
-    while len(list(out.glob("data_*.pt"))) < 8:
-        assert first.poll() is None, "extraction ended before it could be killed"
-        assert time.monotonic() < deadline, "no samples written within 5 minutes"
-        time.sleep(0.2)
+    wait_for_samples(first, out, "killed")
     os.killpg(first.pid, signal.SIGKILL)  # the whole group: vLLM's workers too
     first.wait()
     assert len(list(out.glob("data_*.pt"))) < 48, "the kill came too late to test resumption"
@@ -204,11 +209,7 @@ def test_ctrl_c_is_one_line_exit_130_and_resumes(four_layers, tmp_path) -> None:
     cmd, env = specshim_command(*extract_args(four_layers, dataset, out), "--batch-size", "2")
     first = subprocess.Popen(cmd, env=env, start_new_session=True, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    deadline = time.monotonic() + 300
-    while len(list(out.glob("data_*.pt"))) < 8:
-        assert first.poll() is None, "extraction ended before it could be interrupted"
-        assert time.monotonic() < deadline, "no samples written within 5 minutes"
-        time.sleep(0.2)
+    wait_for_samples(first, out, "interrupted")
     os.killpg(first.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole group
     stdout, stderr = first.communicate(timeout=120)
     assert first.returncode == 130, stderr[-3000:]
