@@ -23,6 +23,7 @@ The model is a Llama with random bf16 weights, built here (no download).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import random
 import sys
@@ -70,12 +71,36 @@ def write_prompts(path: Path, count: int, length: int, vocab: int) -> list[list[
     return prompts
 
 
-def _timed(run: Any, prompts: list[list[int]]) -> dict[str, float]:
+class Timers:
+    """Seconds spent inside chosen callables, by label: where a path's time goes."""
+
+    def __init__(self) -> None:
+        self.seconds: collections.Counter[str] = collections.Counter()
+
+    def wrap(self, owner: Any, name: str, by_first_argument: bool = False) -> None:
+        """Time ``owner.name`` from now on (per first argument, for ``collective_rpc``)."""
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                label = f"{name}({args[0]!r})" if by_first_argument and args else name
+                self.seconds[label] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+
+def _timed(run: Any, prompts: list[list[int]], timers: Timers | None = None) -> dict[str, Any]:
     run(prompts[:2])  # warm-up
+    if timers:
+        timers.seconds.clear()
     start = time.perf_counter()
     run(prompts)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
+    result = {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
+    return result | ({"inside": dict(timers.seconds)} if timers else {})
 
 
 def _vllm_prefill(model: str, prompts: list[list[int]], max_len: int) -> dict[str, float]:
@@ -137,17 +162,35 @@ def _generator(model: str, prompts: list[list[int]], max_len: int, ipc: bool) ->
     generator = VllmHiddenStatesGenerator(model, layer_ids=layer_ids(model), max_model_len=max_len)
     if ipc:
         handoff.share_through_cuda_ipc(generator)
+    timers = Timers()
+    timers.wrap(generator.executor, "execute_model")
+    timers.wrap(generator.executor, "sample_tokens")
+    timers.wrap(generator.executor, "collective_rpc", by_first_argument=True)
 
     def run(ps: list[list[int]]) -> None:
         for start in range(0, len(ps), 128):
             generator.generate(ps[start : start + 128])
 
-    return _timed(run, prompts)
+    return _timed(run, prompts, timers)
 
 
 def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> dict[str, Any]:
-    from specshim.runner import extract
+    import contextlib
 
+    from specshim.runner import extract, files
+
+    timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
+    started = extract._generator
+
+    @contextlib.contextmanager
+    def timed_generator(*args: Any, **kwargs: Any) -> Any:
+        with started(*args, **kwargs) as generator:
+            timers.wrap(generator, "generate")
+            yield generator
+
+    extract._generator = timed_generator
+    timers.wrap(extract, "_checked")
+    timers.wrap(files.BackgroundWriter, "submit")  # blocks while the writer is behind
     summary = extract.extract(
         model,
         data,
@@ -158,7 +201,11 @@ def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> d
         progress=False,
         handoff=handoff,
     )
-    return {"seconds": summary.seconds, "tokens_per_second": summary.tokens_per_second}
+    return {
+        "seconds": summary.seconds,
+        "tokens_per_second": summary.tokens_per_second,
+        "inside": dict(timers.seconds),
+    }
 
 
 def _disk(prompts: list[list[int]], hidden: int, work: Path) -> dict[str, float]:
@@ -225,25 +272,35 @@ def main() -> None:
     write_prompts(data, args.prompts, args.length, vocab=384)
     max_len = args.length + 16
     chosen = [p for p in PATHS if p in args.paths.split(",")]
-    rates = {}
+    rates, inside = {}, {}
     for mode in chosen:
-        found = run_worker(
-            Path(__file__), "--worker", mode, str(model), str(data), str(max_len),
-            str(args.hidden), str(work), timeout=1200,
-        )  # fmt: skip
-        rates[mode] = found["tokens_per_second"]
-        print(f"{mode:<15}{rates[mode]:>14,.0f} tokens/s", file=sys.stderr, flush=True)
-    if {"extract_rpc", "extract_ipc"} <= set(chosen):
+        try:
+            found = run_worker(
+                Path(__file__), "--worker", mode, str(model), str(data), str(max_len),
+                str(args.hidden), str(work), timeout=1200,
+            )  # fmt: skip
+        except RuntimeError as exc:  # one path failing leaves the others' figures
+            print(f"{mode}: {exc}", file=sys.stderr, flush=True)
+            continue
+        rates[mode], inside[mode] = found["tokens_per_second"], found.get("inside", {})
+        spent = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(inside[mode].items()))
+        print(f"{mode:<15}{rates[mode]:>14,.0f} tokens/s in {found['seconds']:.2f} s"
+              + (f" ({spent})" if spent else ""), file=sys.stderr, flush=True)  # fmt: skip
+    if {"extract_rpc", "extract_ipc"} <= set(rates):
         compared = same_files(work / "extract_rpc", work / "extract_ipc")
         print(f"extract_ipc's {compared} files equal extract_rpc's, tensor for tensor")
     base = rates.get("vllm_prefill")
-    ceiling = min(r for m, r in rates.items() if m in ("vllm_prefill", "disk"))
+    ceiling = min((r for m, r in rates.items() if m in ("vllm_prefill", "disk")), default=0)
     print(f"\n{args.prompts} prompts x {args.length} tokens, Llama {args.layers} x {args.hidden}")
     print(f"{'path':<15}{'tokens/s':>14}{'vs prefill':>12}{'vs min(prefill, disk)':>24}")
     for mode, rate in rates.items():
         vs_base = f"{rate / base:.3f}" if base else "-"
-        print(f"{mode:<15}{rate:>14,.0f}{vs_base:>12}{rate / ceiling:>24.3f}")
-    save_results("gpu_extraction", {"rates": rates, "args": vars(args) | {"work": str(work)}})
+        vs_ceiling = f"{rate / ceiling:.3f}" if ceiling else "-"
+        print(f"{mode:<15}{rate:>14,.0f}{vs_base:>12}{vs_ceiling:>24}")
+    save_results(
+        "gpu_extraction",
+        {"rates": rates, "inside": inside, "args": vars(args) | {"work": str(work)}},
+    )
 
 
 if __name__ == "__main__":
