@@ -276,9 +276,10 @@ def parser() -> argparse.ArgumentParser:
     ext.add_argument(
         "--handoff",
         choices=handoffs.CHOICES,
-        default="rpc",
-        help="how the hidden states leave vLLM's worker: speculators' RPC, or CUDA IPC (ipc: "
-        "a CUDA device only; the same tensors bit for bit, its speed not yet measured)",
+        default="auto",
+        help="how the hidden states leave vLLM's worker: speculators' RPC, or CUDA IPC (a "
+        "CUDA device only; the same tensors bit for bit, 5.7x faster on an H200); auto: ipc "
+        "on one CUDA device, rpc otherwise",
     )
     ext.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     ext.set_defaults(handler=_extract)

@@ -107,8 +107,9 @@ def run(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     error = Path(f"{out}.error.json")
     if error.exists():
-        # the whole of stderr: a vLLM worker logs the root cause before the generator's summary
-        return {"error": {**json.loads(error.read_text()), "stderr": proc.stderr}}
+        # all the driver printed: a vLLM worker logs the root cause before the generator's
+        # summary, and vLLM's logger writes to stdout
+        return {"error": {**json.loads(error.read_text()), "log": proc.stdout + proc.stderr}}
     if proc.returncode != 0 or not out.exists():
         raise AssertionError(f"driver died (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     return torch.load(out, weights_only=False)
@@ -119,9 +120,7 @@ def assert_ran(result: dict[str, Any]) -> None:
     error = result.get("error")
     if error is None:
         return
-    found = (
-        re.search(r"\b\w*(Error|Exception): .*", line) for line in error["stderr"].splitlines()
-    )
+    found = (re.search(r"\b\w*(Error|Exception): .*", line) for line in error["log"].splitlines())
     logged = [m.group(0) for m in found if m and error["message"].strip() not in m.group(0)]
     cause = f" (last error logged: {logged[-1]})" if logged else ""
     raise AssertionError(

@@ -170,6 +170,13 @@ def result(ids: list[int], *states: torch.Tensor) -> dict[str, object]:
     return {"input_ids": torch.tensor(ids), "hidden_states": list(states)}
 
 
+def one_bad(value: float) -> torch.Tensor:
+    """bfloat16 states of 3 tokens, as vLLM gives them, with ``value`` in one place."""
+    states = torch.randn(3, 4).to(torch.bfloat16)
+    states[1, 2] = value
+    return states
+
+
 @pytest.mark.parametrize(
     ("states", "problem"),
     [
@@ -177,6 +184,9 @@ def result(ids: list[int], *states: torch.Tensor) -> dict[str, object]:
         ([torch.ones(3, 4), torch.full((3, 4), float("nan"))], "layer 5: states hold NaN or Inf"),
         ([torch.full((3, 4), float("inf")), torch.ones(3, 4)], "layer 1: states hold NaN or Inf"),
         ([torch.ones(3, 4), torch.ones(2, 4)], "layer 5: states for 2 tokens, the row has 3"),
+        ([torch.ones(3, 4), one_bad(float("nan"))], "layer 5: states hold NaN or Inf"),
+        ([one_bad(-float("inf")), torch.ones(3, 4)], "layer 1: states hold NaN or Inf"),
+        ([torch.ones(3, 4), -torch.zeros(3, 4, dtype=torch.bfloat16)], "states are all zero"),
         ([torch.ones(3, 4)], "1 layers of states for 2 ids"),
     ],
 )
@@ -207,7 +217,8 @@ def test_relative_error_is_the_worst_token() -> None:
 
 def test_summary_states_the_throughput_definition() -> None:
     text = extract.Summary(samples=3, extracted=3, resumed=0, truncated=0).text()
-    assert "(tokens extracted / time from the engine's start to the last batch)" in text
+    assert "(tokens extracted / time from the engine's start to the last batch; " in text
+    assert "states handed over by rpc)" in text
 
 
 def test_throughput_is_what_the_bar_last_showed() -> None:

@@ -40,6 +40,19 @@ def test_background_writer_writes_every_record_whole(tmp_path: Path) -> None:
     assert files.remove_partials(tmp_path) == 0
 
 
+def test_background_writer_threads_record_every_file_once(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    ledger = files.Ledger(tmp_path / "ledger.jsonl")
+    with files.BackgroundWriter(depth=8, ledger=ledger, threads=8) as writer:
+        for i in range(64):
+            writer.submit(tmp_path / f"data_{i}.pt", {"x": torch.full((1000,), i)}, f"print {i}")
+    entries = ledger.entries()
+    assert sorted(entries) == sorted(f"data_{i}.pt" for i in range(64))
+    assert len(ledger.path.read_text().splitlines()) == 64  # no line torn or lost
+    assert all(e.still_there(tmp_path) and e.fingerprint == f"print {e.file[5:-3]}"
+               for e in entries.values())  # fmt: skip
+
+
 def test_background_writer_raises_the_failed_write(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     writer = files.BackgroundWriter()

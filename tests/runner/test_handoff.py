@@ -49,5 +49,28 @@ def test_an_unknown_shape_is_named() -> None:
 
 
 def test_a_handoff_name_outside_the_choices_is_one_line() -> None:
-    with pytest.raises(ValueError, match="--handoff must be one of rpc, ipc, got 'auto'"):
-        handoff.check("auto")
+    with pytest.raises(ValueError, match="--handoff must be one of auto, rpc, ipc, got 'shm'"):
+        handoff.choose("shm")
+
+
+@pytest.mark.parametrize(
+    ("kind", "handoff_option", "tensor_parallel_size", "chosen"),
+    [
+        ("cuda", "auto", 1, "ipc"),
+        ("cuda", "auto", 8, "rpc"),  # every rank would share: not yet measured
+        ("cuda", "ipc", 8, "ipc"),
+        ("cuda", "rpc", 1, "rpc"),
+        ("cpu", "auto", 1, "rpc"),
+        ("cpu", "rpc", 1, "rpc"),
+    ],
+)
+def test_auto_is_ipc_on_one_cuda_device_only(
+    monkeypatch, kind, handoff_option, tensor_parallel_size, chosen
+) -> None:
+    """The accelerator is faked (``hardware.detect``): the choice, not the device, is tested."""
+    from specshim import hardware
+
+    monkeypatch.setattr(
+        hardware, "detect", lambda: hardware.Accelerator(kind, "faked", 1, None, None, None)
+    )
+    assert handoff.choose(handoff_option, tensor_parallel_size) == chosen

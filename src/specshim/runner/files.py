@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
+
+#: Writer threads of :class:`BackgroundWriter`.
+WRITER_THREADS = 4
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -87,6 +90,7 @@ class Ledger:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._appending = threading.Lock()  # BackgroundWriter's threads record concurrently
 
     def entries(self) -> dict[str, Entry]:
         """The latest whole entry for each file name."""
@@ -110,40 +114,44 @@ class Ledger:
         """Append the entry for ``path``, just written whole from what ``fingerprint`` names."""
         stat = path.stat()
         entry = Entry(path.name, fingerprint, stat.st_size, stat.st_mtime_ns)
-        with self.path.open("a") as f:
+        with self._appending, self.path.open("a") as f:
             f.write(json.dumps(asdict(entry)) + "\n")
 
 
 class BackgroundWriter:
-    """``save_torch`` on one background thread, so that writing (fsync included, two thirds
-    of a write's time) overlaps the next batch's extraction.
+    """``save_torch`` on background threads, so that writing (fsync included, two thirds of a
+    write's time) overlaps the next batch's extraction.
 
-    At most ``depth`` records wait to be written, which bounds memory. The first failed write
-    is raised by the next ``submit`` or by ``close``; ``close`` (also on leaving a ``with``
-    block, even by an exception) waits for every submitted write, so whatever was handed over
-    is on disk, complete, before the caller goes on. With a ``ledger``, each write that was
-    given a fingerprint is recorded there once the file is in place.
+    Several threads, since one file's fsync leaves the disk waiting: on the H200's disk one
+    thread wrote 0.62 GB/s (docs/benchmarks.md, "Extraction on a GPU"). Files are written in
+    any order; each is whole or absent. At most ``depth`` records wait to be written, which
+    bounds memory. The first failed write is raised by the next ``submit`` or by ``close``,
+    and nothing more is written after it; ``close`` (also on leaving a ``with`` block, even by
+    an exception) waits for every submitted write, so whatever was handed over is on disk,
+    complete, before the caller goes on. With a ``ledger``, each write that was given a
+    fingerprint is recorded there once the file is in place.
     """
 
-    def __init__(self, depth: int = 32, ledger: Ledger | None = None) -> None:
-        self._queue: queue.Queue[tuple[Path, Any, str | None] | None] = queue.Queue(maxsize=depth)
+    def __init__(
+        self, depth: int = 32, ledger: Ledger | None = None, threads: int = WRITER_THREADS
+    ) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="specshim-writer")
+        self._slots = threading.BoundedSemaphore(depth)
         self._ledger = ledger
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="specshim-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self._error is None:
-                try:
-                    self._write(*item)
-                except BaseException as exc:  # handed to the caller's thread
-                    self._error = exc
+        self._error_lock = threading.Lock()
 
     def _write(self, path: Path, obj: Any, fingerprint: str | None) -> None:
-        save_torch(path, obj)
-        if self._ledger is not None and fingerprint is not None:
-            self._ledger.record(path, fingerprint)
+        try:
+            if self._error is None:
+                save_torch(path, obj)
+                if self._ledger is not None and fingerprint is not None:
+                    self._ledger.record(path, fingerprint)
+        except BaseException as exc:  # handed to the caller's thread
+            with self._error_lock:
+                self._error = self._error or exc
+        finally:
+            self._slots.release()
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -151,13 +159,12 @@ class BackgroundWriter:
 
     def submit(self, path: Path, obj: Any, fingerprint: str | None = None) -> None:
         self._raise()
-        self._queue.put((path, obj, fingerprint))
+        self._slots.acquire()  # waits while ``depth`` records are pending
+        self._pool.submit(self._write, path, obj, fingerprint)
 
     def _finish(self) -> None:
-        """Let the thread write what it was handed, then end it."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
+        """Let the threads write what they were handed, then end them."""
+        self._pool.shutdown(wait=True)
 
     def close(self) -> None:
         self._finish()
