@@ -21,7 +21,9 @@ from specshim import data as shipped_data
 from specshim import hardware, versions
 
 VERDICTS = ("pass", "fail", "untested")
-LEVELS = ("none", "import", "probes", "extraction", "training")
+#: How far a row got, in order; ``evaluation``: the trained draft served by vLLM's EAGLE-3
+#: (``specshim eval``: acceptance measured, greedy output identical).
+LEVELS = ("none", "import", "probes", "extraction", "training", "evaluation")
 REQUIRED = ("vllm", "distribution", "speculators", "accelerator", "verdict", "level", "measured")
 
 
