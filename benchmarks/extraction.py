@@ -25,8 +25,8 @@ MAX_MODEL_LEN = 256
 
 WORKER = r"""
 import json, sys, time
-from specshim.testbed import cpu
-cpu.configure()
+from specshim import hardware
+hardware.configure_cpu()
 mode, model, prompts_path, max_len = sys.argv[1:4] + [int(sys.argv[4])]
 mixes = json.load(open(prompts_path))
 

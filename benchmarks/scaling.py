@@ -20,8 +20,8 @@ from common import run_worker, save_results
 WORKER = r"""
 import json, resource, sys, time
 from pathlib import Path
-from specshim.testbed import cpu
-cpu.configure()
+from specshim import hardware
+hardware.configure_cpu()
 from specshim.runner import extract
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ for spec in $SPECULATORS_READERS; do
 done
 
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, specshim" 2>/dev/null; then
+  if [ ! -x "$VENV/bin/lint-imports" ]; then  # an environment built before it was a test tool
+    "$VENV/bin/pip" install -q -c "$VENV/specshim-constraints.txt" -e ".[test]" 2>&1 | quiet
+  fi
   echo "$VENV: ready (vllm $("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)'))"
   exit 0
 fi

@@ -9,5 +9,6 @@ scripts/setup_env.sh .venv-0.28 0.28.0 5.24.0
 scripts/unpack_vllm.sh 0.34.0 vllm
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/lint-imports  # the layers and no import circles: pyproject.toml [tool.importlinter]
 export SPECSHIM_REQUIRE_E2E=1
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

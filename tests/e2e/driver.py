@@ -20,7 +20,7 @@ import random
 import sys
 import traceback
 
-from specshim.testbed import cpu
+from specshim import hardware
 
 PROMPTS = 40
 MAX_MODEL_LEN = 256
@@ -66,8 +66,8 @@ def main() -> int:
     parser.add_argument("--ipc", action="store_true", help="states through CUDA IPC, not the RPC")
     args = parser.parse_args()
     if not args.gpu:
-        cpu.configure()
-        cpu.bind_threads(args.tp)
+        hardware.configure_cpu()
+        hardware.bind_threads(args.tp)
     applied: list[str] = []
     try:
         if not args.no_shim:

@@ -9,6 +9,7 @@ this adapter puts it in the generator's namespace. It applies only when one of t
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from specshim.adapters.base import Adapter, Decision, Patch, Probe, module, needed, not_needed
@@ -33,30 +34,28 @@ def installed_executor_class() -> Any:
     return base if base.__name__ == "SpecshimExtractionExecutor" else executor_class(base)
 
 
-def _dependents() -> list[Adapter]:
-    from specshim.adapters import registry
+def seam_for(dependents: Sequence[Adapter]) -> Adapter:
+    """The seam adapter, needed exactly when one of ``dependents`` (the adapters that name
+    it in ``requires``) is. The registry passes them, so that this module imports nothing
+    above it (no circle through the registry)."""
 
-    return [a for a in registry.ADAPTERS if NAME in a.requires]
+    def probe() -> Probe:
+        wanting = [a.name for a in dependents if a.probe().decision is Decision.NEEDED]
+        if wanting:
+            return needed(f"needed by {', '.join(wanting)}")
+        return not_needed("no executor-level adapter is needed")
 
-
-def probe() -> Probe:
-    wanting = [a.name for a in _dependents() if a.probe().decision is Decision.NEEDED]
-    if wanting:
-        return needed(f"needed by {', '.join(wanting)}")
-    return not_needed("no executor-level adapter is needed")
+    return Adapter(
+        name=NAME,
+        targets=(f"{GENERATOR}.MultiprocExecutor",),
+        waits_for=(GENERATOR,),
+        why="executor-level fixes must not leak into vLLM's own engine, so they go on a subclass",
+        upstream="none: specshim's own seam",
+        remove_when="no executor-level adapter remains",
+        probe=probe,
+        patches=patches,
+    )
 
 
 def patches() -> list[Patch]:
     return [Patch(module(GENERATOR), "MultiprocExecutor", installed_executor_class())]
-
-
-ADAPTER = Adapter(
-    name=NAME,
-    targets=(f"{GENERATOR}.MultiprocExecutor",),
-    waits_for=(GENERATOR,),
-    why="executor-level fixes must not leak into vLLM's own engine, so they go on a subclass",
-    upstream="none: specshim's own seam",
-    remove_when="no executor-level adapter remains",
-    probe=probe,
-    patches=patches,
-)

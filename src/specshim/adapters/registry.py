@@ -36,6 +36,15 @@ from specshim.adapters import (
 )
 from specshim.adapters.base import Adapter
 
+#: The adapters that patch the generator's executor subclass; they require the seam.
+_EXECUTOR_LEVEL = (
+    worker_start_method.ADAPTER,
+    kv_cache_layout.ADAPTER,
+    warmup_split.ADAPTER,
+    sample_tokens_split.ADAPTER,
+    rpc_reply_shape.ADAPTER,
+)
+
 ADAPTERS: tuple[Adapter, ...] = (
     transformers_annotations.ADAPTER,
     transformers_attn_mask_utils.ADAPTER,
@@ -57,12 +66,8 @@ ADAPTERS: tuple[Adapter, ...] = (
     finished_requests_reach_workers.ADAPTER,  # inside request_batching: after every call
     request_batching.ADAPTER,
     # the generator's executor (a subclass only the generator uses)
-    extraction_executor.ADAPTER,
-    worker_start_method.ADAPTER,
-    kv_cache_layout.ADAPTER,
-    warmup_split.ADAPTER,
-    sample_tokens_split.ADAPTER,
-    rpc_reply_shape.ADAPTER,
+    extraction_executor.seam_for(_EXECUTOR_LEVEL),
+    *_EXECUTOR_LEVEL,
     # speculators' worker extension, inside vLLM's worker processes
     worker_embed_input_ids.ADAPTER,
     worker_batch_order_v2.ADAPTER,

@@ -94,9 +94,9 @@ class Evaluation:
 
 def _generate(args: argparse.Namespace) -> None:
     """One configuration, in this process (the child side of :func:`evaluate`)."""
-    from specshim.testbed import cpu
+    from specshim import hardware
 
-    cpu.configure()
+    hardware.configure_cpu()
     from vllm import LLM, SamplingParams
 
     options: dict = dict(

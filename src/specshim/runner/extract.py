@@ -368,9 +368,9 @@ def extract(
     from transformers import AutoTokenizer
 
     import specshim
-    from specshim.runner import hardware_setup
+    from specshim import hardware
 
-    hardware_setup.prepare_for_vllm(tensor_parallel_size)
+    hardware.prepare_for_vllm(tensor_parallel_size)
     specshim.apply()
     tokenizer = AutoTokenizer.from_pretrained(model)
     skipped: list[dataset.BadRow] = []

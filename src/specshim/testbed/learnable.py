@@ -72,7 +72,6 @@ def build_verifier(
     """
     import torch
 
-    from specshim.runner import files
     from specshim.testbed import tiny_model
 
     out = Path(out)
@@ -120,7 +119,7 @@ def build_verifier(
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
         "corpus_tokens": len(stream),
     }
-    files.save_json(out / "train_log.json", log)
+    (out / "train_log.json").write_text(json.dumps(log, indent=2, sort_keys=True))
     return out
 
 
