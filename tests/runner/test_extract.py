@@ -233,7 +233,8 @@ def test_throughput_is_what_the_bar_last_showed() -> None:
     bar.update(2, 4000)
     bar.finish()
     time.sleep(1.0)  # shutting the engine down
-    shown = stream.getvalue().split("samples")[1].split("tok/s")[0].strip()
+    last = stream.getvalue().rstrip("\n").split("\r")[-1]
+    shown = last.split("samples, ")[1].split(" tok/s")[0]
     assert shown == f"{bar.tokens_per_second:,.0f}"
     assert bar.elapsed == pytest.approx(2.0, abs=0.5)
 

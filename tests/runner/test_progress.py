@@ -20,5 +20,6 @@ def test_visible_progress_draws_one_line_then_ends_it() -> None:
     bar = Progress(total=4, stream=stream)
     bar.update(1, 50)
     bar.finish()
-    assert stream.getvalue().startswith("\r[extract] 1/4 samples")
-    assert stream.getvalue().endswith("\n")
+    last = stream.getvalue().rstrip("\n").split("\r")[-1]
+    assert last.startswith("[extract] 1/4 samples, ") and " tok/s, ETA " in last
+    assert stream.getvalue().endswith("\n") and stream.getvalue().count("\n") == 1

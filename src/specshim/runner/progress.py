@@ -1,37 +1,52 @@
-"""A one-line progress display: samples, tokens per second and ETA, then a summary.
+"""The progress of a run over samples: a tqdm line with tokens per second, and the throughput
+its summary reports.
 
 Throughput has one definition, shared by the line and the summary: tokens counted so far
 divided by the time from the start to the last update. Time after the last update (shutting
 the engine down, writing the final files) does not count, so the summary reads what the line
-last showed.
+last showed. The counts are kept whether or not the line is drawn.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import TextIO
 
+from tqdm import tqdm
 
-@dataclass
+
 class Progress:
-    total: int
-    label: str = "extract"
-    stream: TextIO = sys.stderr
-    visible: bool = True  # counts either way; draws only when visible
-    done: int = 0
-    tokens: int = 0
-    started: float = field(default_factory=time.perf_counter)
-    updated: float | None = None
+    """``update(samples, tokens)`` after each batch, ``finish()`` at the end."""
+
+    def __init__(
+        self,
+        total: int,
+        label: str = "extract",
+        stream: TextIO = sys.stderr,
+        visible: bool = True,
+        started: float | None = None,
+    ) -> None:
+        self.total = total
+        self.done = 0
+        self.tokens = 0
+        self.started = time.perf_counter() if started is None else started
+        self.updated: float | None = None
+        self._bar = tqdm(
+            total=total,
+            desc=f"[{label}]",
+            unit=" samples",
+            file=stream,
+            disable=not visible,
+            bar_format="{desc} {n_fmt}/{total_fmt} samples{postfix}, ETA {remaining}",
+        )
 
     def update(self, samples: int, tokens: int) -> None:
         self.done += samples
         self.tokens += tokens
         self.updated = time.perf_counter()
-        if self.visible:
-            self.stream.write(f"\r[{self.label}] {self.line()}")
-            self.stream.flush()
+        self._bar.set_postfix_str(f"{self.tokens_per_second:,.0f} tok/s", refresh=False)
+        self._bar.update(samples)
 
     @property
     def elapsed(self) -> float:
@@ -42,15 +57,5 @@ class Progress:
     def tokens_per_second(self) -> float:
         return self.tokens / self.elapsed if self.elapsed else 0.0
 
-    def line(self) -> str:
-        rate = self.done / self.elapsed if self.elapsed else 0.0
-        eta = (self.total - self.done) / rate if rate else float("inf")
-        eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
-        return (
-            f"{self.done}/{self.total} samples  {self.tokens_per_second:,.0f} tok/s  ETA {eta_text}"
-        )
-
     def finish(self) -> None:
-        if self.visible:
-            self.stream.write("\n")
-            self.stream.flush()
+        self._bar.close()
