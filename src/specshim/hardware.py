@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from specshim import console
+
 #: Compute capability major -> architecture name.
 ARCHITECTURES = {7: "Volta/Turing", 8: "Ampere/Ada", 9: "Hopper", 10: "Blackwell", 12: "Blackwell"}
 
@@ -169,5 +171,5 @@ def prepare_for_vllm(tensor_parallel_size: int = 1) -> Accelerator:
                 "spawn"
             )
     settings = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "none"
-    print(f"[specshim] {accelerator.describe()}; settings chosen: {settings}", file=sys.stderr)
+    console.status("specshim", f"{accelerator.describe()}; settings chosen: {settings}")
     return accelerator

@@ -72,7 +72,7 @@ def _import_consumers() -> str | None:
     for name in (GENERATOR, WORKER):
         try:
             importlib.import_module(name)
-        except Exception as exc:  # the report's job is to say what broke, not to stop
+        except Exception as exc:  # noqa: BLE001 the report's job is to say what broke, not to stop
             error = error or f"{type(exc).__name__}: {exc}"
     for name in dict.fromkeys(m for adapter in registry.ADAPTERS for m in adapter.waits_for):
         with contextlib.suppress(Exception):  # absent here: its adapter stays waiting

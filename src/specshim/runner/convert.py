@@ -219,7 +219,7 @@ class LegacySource:
         try:
             data = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
             sample = Sample(data["input_ids"], data["loss_mask"], list(data["hidden_states"]))
-        except Exception as exc:  # a damaged or foreign file: name it, say what was expected
+        except Exception as exc:  # noqa: BLE001 a damaged or foreign file: name it, say what was expected
             raise ConversionError(
                 f"{path}: could not be loaded as speculators 0.3/0.4 data (input_ids, "
                 f"hidden_states, loss_mask): {_one_line(exc)}"
@@ -244,7 +244,7 @@ class ArrowSource:
         self.states_dir = folder / HIDDEN_STATES
         try:
             dataset = load_from_disk(str(folder))
-        except Exception as exc:  # datasets' own errors have no common base
+        except Exception as exc:  # noqa: BLE001 datasets' own errors have no common base
             raise ConversionError(f"--data {folder}: the Arrow dataset: {_one_line(exc)}") from None
         missing = {"input_ids", "loss_mask"} - set(getattr(dataset, "column_names", []))
         if not isinstance(dataset, Dataset) or missing:
@@ -285,7 +285,7 @@ class ArrowSource:
         try:
             data = load_file(path)
             states, token_ids = data["hidden_states"], data["token_ids"]
-        except Exception as exc:  # a truncated or foreign file: name it
+        except Exception as exc:  # noqa: BLE001 a truncated or foreign file: name it
             raise ConversionError(
                 f"{path}: could not be loaded as speculators >= 0.5 hidden states "
                 f"(hidden_states, token_ids): {_one_line(exc)}"

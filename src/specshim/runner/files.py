@@ -147,7 +147,7 @@ class BackgroundWriter:
                 save_torch(path, obj)
                 if self._ledger is not None and fingerprint is not None:
                     self._ledger.record(path, fingerprint)
-        except BaseException as exc:  # handed to the caller's thread
+        except BaseException as exc:  # noqa: BLE001 handed to the caller's thread
             with self._error_lock:
                 self._error = self._error or exc
         finally:

@@ -9,9 +9,10 @@ speculators' trainer, exports it with the layer ids vLLM serving needs, and ends
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from specshim import console
 
 #: The verifier has 4 layers: the generator's default ids [2, n//2, n-3, n-1] would collapse to
 #: three distinct layers, so the pipeline names them: three auxiliary layers and the last.
@@ -29,7 +30,7 @@ class Settings:
 
 
 def say(message: str) -> None:
-    print(f"[specshim run] {message}", file=sys.stderr, flush=True)
+    console.status("specshim run", message)
 
 
 def run(settings: Settings) -> int:

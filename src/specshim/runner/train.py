@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import specshim
+from specshim import console
 from specshim.runner import distributed, files
 
 #: What speculators' training reads (speculators/train/data.py, standardize_data_v1).
@@ -418,7 +419,7 @@ def trained_epochs(checkpoints: Path) -> int:
 
 
 def note(text: str) -> None:
-    print(f"[specshim train] {text}", file=sys.stderr, flush=True)
+    console.status("specshim train", text)
 
 
 def draft_layer_config(verifier: str, num_layers: int) -> Any:
@@ -498,7 +499,7 @@ def is_complete(epoch_dir: Path) -> bool:
         return False
     try:
         torch.load(epoch_dir / CHECKPOINT_FILES[-1], weights_only=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 whatever torch raises, a torn file is not a checkpoint
         return False
     return True
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 import time
 from pathlib import Path
+
+from specshim import console
 
 ANIMALS = ("cat", "dog", "fox", "bird", "cow")
 COLORS = ("red", "blue", "green", "brown", "white")
@@ -109,7 +110,7 @@ def build_verifier(
         optimizer.step()
         losses.append(float(loss.detach()))
         if step % 25 == 0:
-            print(f"[verifier] step {step} loss {losses[-1]:.3f}", file=sys.stderr)
+            console.status("verifier", f"step {step} loss {losses[-1]:.3f}")
     model.eval()
     tiny_model.save(model, out)
     log = {
