@@ -10,5 +10,6 @@ scripts/unpack_vllm.sh 0.34.0 vllm
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports  # the layers and no import circles: pyproject.toml [tool.importlinter]
+.venv/bin/mypy  # the shipped package's types (py.typed): pyproject.toml [tool.mypy]
 export SPECSHIM_REQUIRE_E2E=1
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

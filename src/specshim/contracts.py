@@ -210,7 +210,7 @@ def snapshot(speculators_paths: list[Path] | None = None) -> dict[str, Any]:
     installed = versions.vllm()
     facts = {fact.key: _read(fact) for fact in FACTS}
     paths = speculators_paths or []
-    roots = [path / "speculators" for path in paths] or [None]
+    roots: list[Path | None] = [path / "speculators" for path in paths] or [None]
     found = sorted({name for root in roots for name in consumer_imports(root)})
     imports = {name: _read(Fact("exists", name, ())) for name in found}
     decided = [decisions(path) for path in paths]
@@ -263,8 +263,8 @@ class Change:
 def diff(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
     """The facts and speculators imports that differ between two snapshots."""
     owners = {fact.key: fact.adapters for fact in FACTS}
-    for section in (old, new):
-        for name in section.get("speculators_imports", {}):
+    for snapshot in (old, new):
+        for name in snapshot.get("speculators_imports", {}):
             owners[name] = IMPORT_OWNERS.get(name.partition(":")[0], ())
     changes = []
     for section in ("facts", "speculators_imports"):

@@ -85,7 +85,7 @@ def _row(index: int, raw: Any) -> Row:
         raise ValueError(
             f"compat_matrix.yaml row {index}: adapters must be a list of names, got {adapters!r}"
         )
-    fields = {k: (str(v) if v is not None else v) for k, v in raw.items()}
+    fields: dict[str, Any] = {k: (str(v) if v is not None else v) for k, v in raw.items()}
     fields["adapters"] = None if adapters is None else tuple(map(str, adapters))
     fields["control"] = raw.get("control") is True
     versions.parse(fields["vllm"])

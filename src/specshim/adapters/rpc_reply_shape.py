@@ -44,7 +44,7 @@ def indexed_methods() -> set[str]:
     return {m.group(2) for m in _INDEXES_REPLY.finditer(source(generator_class().generate))}
 
 
-def executor_returns_bare_reply(executor: type) -> bool:
+def executor_returns_bare_reply(executor: Any) -> bool:
     """The executor's own contract: does ``unique_reply_rank`` give the bare reply?"""
     rpc = executor.collective_rpc
     params = parameters(rpc)

@@ -84,7 +84,7 @@ def probe() -> Probe:
 
 def patches() -> list[Patch]:
     shim = types.ModuleType(MASK_UTILS, __doc__)
-    shim._prepare_4d_causal_attention_mask = prepare_4d_causal_attention_mask
+    vars(shim)["_prepare_4d_causal_attention_mask"] = prepare_4d_causal_attention_mask
     return [
         Patch(sys.modules, MASK_UTILS, shim),
         Patch(module("transformers"), "modeling_attn_mask_utils", shim),

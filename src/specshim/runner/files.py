@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 WRITER_THREADS = 4
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write through ``write(file)`` into a temporary file beside ``path``, then rename it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
