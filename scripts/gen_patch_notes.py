@@ -15,12 +15,20 @@ import sys
 from pathlib import Path
 
 from specshim.adapters import registry
+from specshim.adapters.base import Adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTES = ROOT / "patches"
 
 
-def note(adapter) -> str:
+def shown(adapter: Adapter) -> str:
+    """The note's evidence line: the tests that fail without the adapter, or why none can."""
+    if adapter.evidence:
+        return "Shown needed by:** " + ", ".join(f"`{test}`" for test in adapter.evidence)
+    return f"Not observable here:** {adapter.unobservable}"
+
+
+def note(adapter: Adapter) -> str:
     module = importlib.import_module(adapter.probe.__module__)
     how = inspect.cleandoc(module.__doc__ or "")
     title, _, body = how.partition("\n")
@@ -36,7 +44,7 @@ def note(adapter) -> str:
 - **Applies once imported:** {", ".join(f"`{m}`" for m in adapter.waits_for)}
 - **Requires:** {requires}
 - **Code:** `src/specshim/adapters/{module.__name__.rsplit(".", 1)[1]}.py`
-- **Test (fails without it):** `tests/e2e/test_without_adapter.py -k {adapter.name}`
+- **{shown(adapter)}
 
 ## Targets
 

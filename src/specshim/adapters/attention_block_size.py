@@ -112,6 +112,10 @@ ADAPTER = Adapter(
     why="vLLM's CPU attention backend refuses the generator's block size 16",
     upstream="vLLM CPUAttentionBackend.get_supported_kernel_block_sizes -> [MultipleOf(32)]",
     remove_when="speculators' generator is no longer used, or extraction never runs on the CPU",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-attention_block_size]",
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-attention_block_size]",
+    ),
     probe=probe,
     patches=patches,
 )

@@ -116,6 +116,12 @@ class Adapter:
     ``waits_for`` lists modules that must be imported before the probe may run; the engine
     defers the adapter with a post-import hook until they are. ``requires`` names adapters
     that must be applied first (the engine adds them to the selection).
+
+    Each adapter says how this project shows it is needed: ``evidence``, the pytest node ids
+    (or a test function, for all its cases) that fail or get wrong data without it, or, where
+    no test here can, ``unobservable``: why, and what would show it. Exactly one of the two
+    (tests/test_patch_notes.py checks it, and that every id is a collected test); the patch
+    notes quote them.
     """
 
     name: str
@@ -127,6 +133,8 @@ class Adapter:
     probe: Callable[[], Probe]
     patches: Callable[[], list[Patch]]
     requires: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+    unobservable: str = ""
 
     @property
     def distribution_roots(self) -> tuple[str, ...]:

@@ -84,6 +84,7 @@ ADAPTER = Adapter(
     why="speculators' checkpointer loads checkpoints onto cuda:0, so --resume fails on the CPU",
     upstream="speculators 0.3.0/0.4 speculators/train/checkpointer.py (SingleGPUCheckpointer)",
     remove_when="speculators 0.3/0.4 training is no longer supported",
+    evidence=("tests/e2e/test_train.py::test_resume_fails_without_checkpoint_device",),
     probe=probe,
     patches=patches,
 )

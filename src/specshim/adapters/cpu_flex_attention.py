@@ -79,6 +79,10 @@ ADAPTER = Adapter(
     why="PyTorch's FlexAttention has no backward on the CPU, so the draft cannot train there",
     upstream="torch.nn.attention.flex_attention._validate_device (CPU backward unsupported)",
     remove_when="PyTorch supports FlexAttention backward on the CPU",
+    evidence=(
+        "tests/e2e/test_train.py::test_training_fails_without"
+        "[cpu_flex_attention-FlexAttention does not support backward on CPU]",
+    ),
     probe=probe,
     patches=patches,
 )

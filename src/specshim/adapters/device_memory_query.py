@@ -77,6 +77,10 @@ ADAPTER = Adapter(
     why="the generator asks CUDA for free memory, which is wrong or zero on vLLM's CPU platform",
     upstream="speculators 0.4.0 speculators/utils/util.py mem_get_info (CUDA-only)",
     remove_when="speculators' generator is no longer used (0.5+)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-device_memory_query]",
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-device_memory_query]",
+    ),
     probe=probe,
     patches=patches,
 )

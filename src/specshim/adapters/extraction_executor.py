@@ -52,6 +52,10 @@ def seam_for(dependents: Sequence[Adapter]) -> Adapter:
         why="executor-level fixes must not leak into vLLM's own engine, so they go on a subclass",
         upstream="none: specshim's own seam",
         remove_when="no executor-level adapter remains",
+        evidence=(
+            "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-extraction_executor]",
+            "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-extraction_executor]",
+        ),
         probe=probe,
         patches=patches,
     )

@@ -82,6 +82,9 @@ ADAPTER = Adapter(
     upstream="vLLM Model Runner V2 RequestState (free_indices, max_num_reqs); "
     "speculators 0.3.0 generate() loop",
     remove_when="speculators 0.3.0 is no longer supported (0.4 finishes requests after its loop)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_on_model_runner_v2_without[0.3.0-finished_requests_reach_workers]",
+    ),
     probe=probe,
     patches=patches,
 )

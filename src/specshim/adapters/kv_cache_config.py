@@ -46,9 +46,13 @@ ADAPTER = Adapter(
     targets=(f"{GENERATOR}.get_kv_cache_config_from_groups",),
     waits_for=(GENERATOR,),
     why="get_kv_cache_config_from_groups lost its kv_cache_specs argument (vLLM 0.12.0)",
-    upstream="vLLM 0.12.0 vllm/v1/core/kv_cache_utils.py (3-argument form); "
-    "research/vllm_internals.md section 1",
+    upstream="vLLM 0.12.0 vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups "
+    "(3-argument form)",
     remove_when="speculators 0.3.0 is no longer supported (0.4 passes the 3-argument form)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-kv_cache_config]",
+        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-kv_cache_config]",
+    ),
     probe=probe,
     patches=patches,
 )

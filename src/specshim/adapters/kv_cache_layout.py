@@ -70,6 +70,10 @@ ADAPTER = Adapter(
     why="vLLM 0.29+ refuses to build a KV-cache config before the layout is resolved",
     upstream="vLLM 0.29.0 EngineCore._initialize_kv_caches (resolve_kv_cache_layout)",
     remove_when="speculators' generator is no longer used (0.5+), or it resolves the layout itself",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-kv_cache_layout]",
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-kv_cache_layout]",
+    ),
     probe=probe,
     patches=patches,
 )

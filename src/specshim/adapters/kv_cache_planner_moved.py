@@ -69,9 +69,11 @@ ADAPTER = Adapter(
     waits_for=(UTILS,),
     why="vLLM 0.33 moved the KV-cache planner to kv_cache_planning; speculators imports it from "
     "kv_cache_utils",
-    upstream="vLLM 0.33.0 vllm/v1/core/kv_cache_planning.py (split out of kv_cache_utils.py); "
-    "research/vllm_releases_0.9_to_0.34.md",
+    upstream="vLLM 0.33.0 vllm/v1/core/kv_cache_planning.py (split out of kv_cache_utils.py)",
     remove_when="speculators' generator is no longer used (0.5+ stop importing the planner)",
+    evidence=(
+        "tests/e2e/test_newest_vllm.py::test_generator_imports_on_0_34_once_the_planner_names_resolve",
+    ),
     probe=probe,
     patches=patches,
 )

@@ -40,6 +40,9 @@ ADAPTER = Adapter(
     why="prefix caching skips cached tokens, so their hidden states are never captured",
     upstream="vllm-project/speculators#279 (fixed in speculators 0.4.0)",
     remove_when="speculators 0.3.0 is no longer supported",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-prefix_caching_off]",
+    ),
     probe=probe,
     patches=patches,
 )

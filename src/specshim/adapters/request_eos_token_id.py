@@ -69,6 +69,10 @@ ADAPTER = Adapter(
     why="Request(eos_token_id=) was removed in vLLM 0.17",
     upstream="vLLM 0.17.0 vllm/v1/request.py (eos_token_id moved to SamplingParams)",
     remove_when="speculators' generator is no longer used (0.5+)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-request_eos_token_id]",
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-request_eos_token_id]",
+    ),
     probe=probe,
     patches=patches,
 )

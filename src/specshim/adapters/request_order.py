@@ -61,6 +61,9 @@ ADAPTER = Adapter(
     why="string-sorted request ids return samples out of input order from 11 prompts on",
     upstream="speculators 0.4.0 vllm_hidden_states_generator.generate (sorted request ids)",
     remove_when="speculators' generator is no longer used (0.5+)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_returns_wrong_data_without[0.4.0.1-request_order]",
+    ),
     probe=probe,
     patches=patches,
 )

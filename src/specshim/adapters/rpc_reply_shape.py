@@ -92,6 +92,10 @@ ADAPTER = Adapter(
     "speculators 0.3.0's [0] then turns four layers into one tensor",
     upstream="vLLM 0.11.1 MultiprocExecutor.collective_rpc (kv_output_aggregator, bare reply)",
     remove_when="speculators 0.3.0 is no longer supported (0.4 expects the bare reply)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-rpc_reply_shape]",
+        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-rpc_reply_shape]",
+    ),
     probe=probe,
     patches=patches,
 )

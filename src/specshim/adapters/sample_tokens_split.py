@@ -84,6 +84,10 @@ ADAPTER = Adapter(
     why="vLLM 0.11.1 split execute_model and sample_tokens; the generator calls them wrongly",
     upstream="vllm-project/vllm#26866 (async scheduling + structured outputs)",
     remove_when="speculators' generator is no longer used (0.5+)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-sample_tokens_split]",
+        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v1-sample_tokens_split]",
+    ),
     probe=probe,
     patches=patches,
 )

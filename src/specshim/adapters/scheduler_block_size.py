@@ -81,6 +81,10 @@ ADAPTER = Adapter(
     why="Scheduler requires block_size (0.11.1) and takes hash_block_size (0.20)",
     upstream="vllm-project/vllm#44165 (block sizes from resolve_kv_cache_block_sizes)",
     remove_when="speculators' generator is no longer used (0.5+)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-scheduler_block_size]",
+        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-scheduler_block_size]",
+    ),
     probe=probe,
     patches=patches,
 )

@@ -60,6 +60,9 @@ ADAPTER = Adapter(
     why="SchedulerConfig requires is_encoder_decoder (vLLM 0.12); speculators 0.3.0 omits it",
     upstream="vLLM 0.12.0 vllm/config/scheduler.py (is_encoder_decoder: InitVar[bool])",
     remove_when="speculators 0.3.0 is no longer supported",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-scheduler_config_encoder_decoder]",
+    ),
     probe=probe,
     patches=patches,
 )

@@ -105,6 +105,9 @@ ADAPTER = Adapter(
     "wrap_init_to_accept_kwargs)",
     remove_when="speculators 0.3/0.4 training is no longer supported (0.8.1+ requires "
     "transformers 5 and is built for it)",
+    evidence=(
+        "tests/e2e/test_train.py::test_training_fails_without[speculators_config_transformers5-__pydantic_fields_set__]",
+    ),
     probe=probe,
     patches=patches,
 )

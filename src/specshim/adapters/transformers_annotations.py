@@ -50,6 +50,10 @@ ADAPTER = Adapter(
     upstream="transformers 5.0: PreTrainedConfig became a dataclass (configuration_utils.py)",
     remove_when="speculators rebuilds its configs without evaluating transformers' annotations, "
     "or transformers imports torch at runtime in configuration_utils",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-transformers_annotations]",
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-transformers_annotations]",
+    ),
     probe=probe,
     patches=patches,
 )

@@ -98,6 +98,10 @@ ADAPTER = Adapter(
     why="transformers 5.24 removed modeling_attn_mask_utils, which `import speculators` needs",
     upstream="transformers 5.24.0 (modeling_attn_mask_utils.py removed)",
     remove_when="speculators 0.3/0.4 are no longer supported (0.5+ drop the EAGLE-1 model import)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without_at_the_release_of_the_change[0.28.0-0.3.0-transformers_attn_mask_utils]",
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without_at_the_release_of_the_change[0.28.0-0.4.0.1-transformers_attn_mask_utils]",
+    ),
     probe=probe,
     patches=patches,
 )

@@ -44,6 +44,11 @@ ADAPTER = Adapter(
     why="vLLM 0.27 split warm-up out of initialize_from_config",
     upstream="vLLM 0.27.0 EngineCore._initialize_kv_caches (compile_or_warm_up_model)",
     remove_when="speculators' generator is no longer used (0.5+)",
+    unobservable=(
+        "vLLM's CPU worker skips warm-up once a KV cache exists, so the call changes nothing on "
+        "the CPU; its effect is on GPU workers of vLLM 0.27+, and CUDA vLLM 0.27+ pins a torch the "
+        "lent H200's image lacks"
+    ),
     probe=probe,
     patches=patches,
 )

@@ -113,6 +113,10 @@ ADAPTER = Adapter(
     upstream="vLLM 0.34.0 removed the V1 runner (gpu_model_runner.py); V2 builds an InputBatch "
     "per step (vllm/v1/worker/gpu/model_runner.py prepare_inputs, sort_batch_req_ids)",
     remove_when="speculators' generator is no longer used (0.5+)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_on_model_runner_v2_without[0.4.0.1-worker_batch_order_v2]",
+        "tests/e2e/test_without_adapter.py::test_model_runner_v2_returns_wrong_data_without[0.3.0-worker_batch_order_v2]",
+    ),
     probe=probe,
     patches=patches,
 )

@@ -62,6 +62,9 @@ ADAPTER = Adapter(
     why="vLLM 0.11.1 renamed get_input_embeddings to embed_input_ids; 0.3.0's worker calls the old",
     upstream="vLLM 0.11.1 (models' embed_input_ids)",
     remove_when="speculators 0.3.0 is no longer supported (0.4 calls embed_input_ids)",
+    evidence=(
+        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-worker_embed_input_ids]",
+    ),
     probe=probe,
     patches=patches,
 )

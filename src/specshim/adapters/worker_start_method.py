@@ -58,6 +58,10 @@ ADAPTER = Adapter(
     why="on a GPU the generator's executor forks workers after CUDA was queried, which fails",
     upstream="vllm/utils/system_utils.py _maybe_force_spawn (asks torch.cuda.is_initialized only)",
     remove_when="speculators' generator is no longer used (0.5+)",
+    evidence=(
+        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-worker_start_method]",
+        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.4.0.1-v2-worker_start_method]",
+    ),
     probe=probe,
     patches=patches,
 )
