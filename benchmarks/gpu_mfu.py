@@ -81,7 +81,7 @@ def step_flops(verifier: Path, data: Path, tokens: int, device: str = "cuda") ->
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from specshim.adapters import cpu_flex_attention
+    from specshim.adapters.training import cpu_flex_attention
     from specshim.runner import distributed, train
 
     d2t = torch.from_numpy(np.load(data / "d2t.npy"))

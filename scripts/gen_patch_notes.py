@@ -13,6 +13,7 @@ import importlib
 import inspect
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from specshim.adapters import registry
 from specshim.adapters.base import Adapter
@@ -26,6 +27,12 @@ def shown(adapter: Adapter) -> str:
     if adapter.evidence:
         return "Shown needed by:** " + ", ".join(f"`{test}`" for test in adapter.evidence)
     return f"Not observable here:** {adapter.unobservable}"
+
+
+def phase_doc(module: ModuleType) -> str:
+    """The first sentence of the phase's docstring (its sub-package of ``adapters``)."""
+    phase = importlib.import_module(module.__name__.rsplit(".", 1)[0])
+    return inspect.cleandoc(phase.__doc__ or "").replace("\n", " ").split(": ")[0]
 
 
 def note(adapter: Adapter) -> str:
@@ -43,7 +50,8 @@ def note(adapter: Adapter) -> str:
 - **Delete when:** {adapter.remove_when}
 - **Applies once imported:** {", ".join(f"`{m}`" for m in adapter.waits_for)}
 - **Requires:** {requires}
-- **Code:** `src/specshim/adapters/{module.__name__.rsplit(".", 1)[1]}.py`
+- **Phase:** `{module.__name__.rsplit(".", 2)[1]}` ({phase_doc(module)})
+- **Code:** `src/{module.__name__.replace(".", "/")}.py`
 - **{shown(adapter)}
 
 ## Targets

@@ -20,7 +20,7 @@ import specshim
 from conftest import speculators_path
 from specshim import engine
 from specshim.adapters import registry
-from specshim.adapters.extraction_executor import installed_executor_class
+from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR, WORKER
 
 pytest.importorskip("vllm")

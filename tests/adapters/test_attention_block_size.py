@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from conftest import ROOT, VLLM_ENVS
-from specshim.adapters.attention_block_size import (
+from specshim.adapters.generator.attention_block_size import (
     MultipleOf,
     accepts,
     declared_block_sizes,

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specshim.adapters import extraction_executor, registry
+from specshim.adapters import executor, registry
 from specshim.adapters.base import Decision, needed, not_needed
+from specshim.adapters.executor import extraction_executor
 
 
 def test_the_seam_serves_every_adapter_that_requires_it() -> None:
     """An adapter naming the seam in ``requires`` but missing from the registry's
-    ``_EXECUTOR_LEVEL`` would be applied without the seam's probe asking it."""
+    ``executor.DEPENDENTS`` would be applied without the seam's probe asking it."""
     requiring = {a.name for a in registry.ADAPTERS if extraction_executor.NAME in a.requires}
-    assert requiring == {a.name for a in registry._EXECUTOR_LEVEL}
+    assert requiring == {a.name for a in executor.DEPENDENTS}
     assert len(requiring) >= 5
 
 
 def test_the_seam_is_needed_exactly_when_a_dependent_is() -> None:
-    dependents = registry._EXECUTOR_LEVEL[:2]
+    dependents = executor.DEPENDENTS[:2]
     no, yes = not_needed("fine here"), needed("broken here")
     seam = extraction_executor.seam_for(
         [replace(dependents[0], probe=lambda: no), replace(dependents[1], probe=lambda: no)]

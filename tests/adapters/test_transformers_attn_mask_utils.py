@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specshim.adapters.transformers_attn_mask_utils import prepare_4d_causal_attention_mask
+from specshim.adapters.imports.transformers_attn_mask_utils import prepare_4d_causal_attention_mask
 
 torch = pytest.importorskip("torch")
 original = pytest.importorskip("transformers.modeling_attn_mask_utils")

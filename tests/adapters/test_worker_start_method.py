@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from specshim.adapters import worker_start_method
+from specshim.adapters.executor import worker_start_method
 
 ENV = worker_start_method.METHOD_ENV
 

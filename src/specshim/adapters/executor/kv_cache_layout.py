@@ -23,8 +23,8 @@ from specshim.adapters.base import (
     parameters,
     wrap,
 )
-from specshim.adapters.extraction_executor import NAME as SEAM
-from specshim.adapters.extraction_executor import installed_executor_class
+from specshim.adapters.executor.extraction_executor import NAME as SEAM
+from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR
 
 LAYOUT_UTILS = "vllm.v1.attention.backends.utils"

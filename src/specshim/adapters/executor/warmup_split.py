@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_needed, source, wrap
-from specshim.adapters.extraction_executor import NAME as SEAM
-from specshim.adapters.extraction_executor import installed_executor_class
+from specshim.adapters.executor.extraction_executor import NAME as SEAM
+from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR
 
 

@@ -19,8 +19,8 @@ import os
 from typing import Any
 
 from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_needed, wrap
-from specshim.adapters.extraction_executor import NAME as SEAM
-from specshim.adapters.extraction_executor import installed_executor_class
+from specshim.adapters.executor.extraction_executor import NAME as SEAM
+from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR
 
 METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"

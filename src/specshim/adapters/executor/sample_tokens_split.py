@@ -33,8 +33,8 @@ from specshim.adapters.base import (
     source,
     wrap,
 )
-from specshim.adapters.extraction_executor import NAME as SEAM
-from specshim.adapters.extraction_executor import installed_executor_class
+from specshim.adapters.executor.extraction_executor import NAME as SEAM
+from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR
 
 _PENDING = "_specshim_sampled_output"

@@ -28,8 +28,8 @@ from specshim.adapters.base import (
     source,
     wrap,
 )
-from specshim.adapters.extraction_executor import NAME as SEAM
-from specshim.adapters.extraction_executor import installed_executor_class
+from specshim.adapters.executor.extraction_executor import NAME as SEAM
+from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR
 
 #: ``x = self.executor.collective_rpc("method", ..., unique_reply_rank=...)`` then ``x[0]``.
