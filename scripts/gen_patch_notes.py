@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from specshim.adapters import registry
-from specshim.adapters.base import Adapter
+from specshim.adapters.model import Adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTES = ROOT / "patches"

@@ -15,7 +15,7 @@ import pytest
 import specshim
 from specshim import engine
 from specshim.adapters import registry
-from specshim.adapters.base import Adapter, Patch, Probe, UnknownShape, needed
+from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, needed
 
 FAKE = "specshim_fake_target"
 

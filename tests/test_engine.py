@@ -16,7 +16,7 @@ import pytest
 import specshim
 from fakes import fake_adapter, original, use
 from specshim import engine
-from specshim.adapters.base import not_needed
+from specshim.adapters.model import not_needed
 
 
 def test_apply_twice_changes_nothing_the_second_time(monkeypatch, fake_module) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import CodeType, ModuleType
 
 from specshim.adapters import registry
-from specshim.adapters.base import Adapter, Decision, Patch, Probe, UnknownShape
+from specshim.adapters.model import Adapter, Decision, Patch, Probe, UnknownShape
 
 APPLY_ENV = "SPECSHIM_APPLY"
 DISABLE_ENV = "SPECSHIM_DISABLE"

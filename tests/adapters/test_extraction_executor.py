@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specshim.adapters import executor, registry
-from specshim.adapters.base import Decision, needed, not_needed
 from specshim.adapters.executor import extraction_executor
+from specshim.adapters.model import Decision, needed, not_needed
 
 
 def test_the_seam_serves_every_adapter_that_requires_it() -> None:

@@ -9,7 +9,7 @@ engine never runs patched code.
 from __future__ import annotations
 
 from specshim.adapters import executor, generator, imports, training, worker
-from specshim.adapters.base import Adapter
+from specshim.adapters.model import Adapter
 
 #: The phases, in the order they act: each sub-package of ``specshim.adapters`` is one, and
 #: lists its adapters in their order.

@@ -12,7 +12,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from specshim.adapters.base import Adapter, Decision, Patch, Probe, module, needed, not_needed
+from specshim.adapters.kit import module
+from specshim.adapters.model import Adapter, Decision, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR
 
 NAME = "extraction_executor"

@@ -13,18 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    module,
-    needed,
-    not_needed,
-    parameters,
-    wrap,
-)
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
+from specshim.adapters.kit import module, parameters, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR
 
 LAYOUT_UTILS = "vllm.v1.attention.backends.utils"

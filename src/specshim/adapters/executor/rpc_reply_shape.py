@@ -15,22 +15,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    UnknownShape,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    parameters,
-    source,
-    wrap,
-)
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import module, parameters, source, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 #: ``x = self.executor.collective_rpc("method", ..., unique_reply_rank=...)`` then ``x[0]``.
 _INDEXES_REPLY = re.compile(

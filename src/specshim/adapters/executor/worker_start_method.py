@@ -18,9 +18,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_needed, wrap
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
+from specshim.adapters.kit import module, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR
 
 METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"

@@ -16,7 +16,8 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
-from specshim.adapters.base import Adapter, Patch, Probe, module, module_source, needed, not_needed
+from specshim.adapters.kit import module, module_source
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR
 
 CPU_BACKEND = "vllm.v1.attention.backends.cpu_attn"

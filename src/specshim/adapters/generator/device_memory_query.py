@@ -11,18 +11,9 @@ from __future__ import annotations
 
 import os
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    Proxy,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    source,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import Proxy, module, source
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 GiB = 1 << 30
 #: vLLM's own default when VLLM_CPU_KVCACHE_SPACE is unset or 0 (vllm/platforms/cpu.py).

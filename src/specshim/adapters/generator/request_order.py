@@ -13,17 +13,9 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    source,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import module, source
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 _DIGITS = re.compile(r"(\d+)")
 

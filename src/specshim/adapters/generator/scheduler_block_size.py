@@ -12,19 +12,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    calls_with_keyword,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    parameters,
-    wrap,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import calls_with_keyword, module, parameters, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 KV_UTILS = "vllm.v1.core.kv_cache_utils"
 

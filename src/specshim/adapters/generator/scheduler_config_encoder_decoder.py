@@ -11,18 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    calls_with_keyword,
-    generator_class,
-    module,
-    needed,
-    not_needed,
-    with_keywords,
-)
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.kit import calls_with_keyword, module, with_keywords
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.targets import GENERATOR, generator_class
 
 
 def _requires_flag(config_class: type) -> bool:

@@ -14,14 +14,12 @@ generator's source on disk, without importing it.
 
 from __future__ import annotations
 
-from specshim.adapters.base import (
+from specshim.adapters.kit import imported_names, module, module_source
+from specshim.adapters.model import (
     Adapter,
     Patch,
     Probe,
     UnknownShape,
-    imported_names,
-    module,
-    module_source,
     needed,
     not_applicable,
     not_needed,

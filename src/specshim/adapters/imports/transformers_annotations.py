@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_applicable, not_needed
+from specshim.adapters.kit import module
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_applicable, not_needed
 from specshim.adapters.targets import CONFIG_UTILS
 
 

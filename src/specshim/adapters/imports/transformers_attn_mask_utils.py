@@ -16,16 +16,8 @@ import sys
 import types
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    module,
-    module_source,
-    needed,
-    not_applicable,
-    not_needed,
-)
+from specshim.adapters.kit import module, module_source
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_applicable, not_needed
 
 MASK_UTILS = "transformers.modeling_attn_mask_utils"
 

@@ -12,17 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    Proxy,
-    module,
-    needed,
-    not_needed,
-    source,
-    wrap,
-)
+from specshim.adapters.kit import Proxy, module, source, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import CHECKPOINTER
 
 

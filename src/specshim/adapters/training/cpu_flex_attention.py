@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_needed
+from specshim.adapters.kit import module
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import EAGLE3_ATTENTION
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from specshim.adapters.base import Adapter, Patch, Probe, module, needed, not_needed
+from specshim.adapters.kit import module
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import EAGLE3_CONFIG, SPECULATORS_CONFIG
 
 

@@ -25,15 +25,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    module,
-    needed,
-    not_needed,
-    wrap,
-)
+from specshim.adapters.kit import module, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import WORKER, WORKER_EXTENSION
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"

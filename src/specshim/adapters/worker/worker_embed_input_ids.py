@@ -12,16 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specshim.adapters.base import (
-    Adapter,
-    Patch,
-    Probe,
-    module,
-    needed,
-    not_needed,
-    source,
-    wrap,
-)
+from specshim.adapters.kit import module, source, wrap
+from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import WORKER, WORKER_EXTENSION
 
 REFERENCE_MODEL = "vllm.model_executor.models.llama"

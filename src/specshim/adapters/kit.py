@@ -1,0 +1,128 @@
+"""The adapter-writing kit: read the installed code (signatures, source, imports) without
+guessing, and build :class:`~specshim.adapters.model.Patch` records with wrapt.
+
+Probes read source with ``ast`` where structure matters and with one regular expression for
+``calls_with_keyword``; patches wrap with ``wrapt.FunctionWrapper`` and proxy with
+``wrapt.ObjectProxy``, so the wrapped objects keep their signatures and identity checks.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import wrapt
+
+from specshim.adapters.model import Patch
+
+
+def module(name: str) -> Any:
+    """The already-imported module ``name`` (adapters only run once it is imported)."""
+    mod = sys.modules.get(name)
+    return mod if mod is not None else importlib.import_module(name)
+
+
+def parameters(func: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    """The parameters of ``func`` as the installed code declares them."""
+    return dict(inspect.signature(func).parameters)
+
+
+def source(func: Callable[..., Any]) -> str:
+    return inspect.getsource(inspect.unwrap(func))
+
+
+def calls_with_keyword(func: Callable[..., Any], callee: str, keyword: str) -> bool:
+    """Does the source of ``func`` call ``callee(...)`` passing ``keyword=``?"""
+    pattern = rf"{re.escape(callee)}\((?:[^()]|\([^()]*\))*?\b{re.escape(keyword)}\s*="
+    return re.search(pattern, source(func), re.DOTALL) is not None
+
+
+def wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> Patch:
+    """A patch that replaces ``owner.name`` with ``wrapt.FunctionWrapper(original, wrapper)``.
+
+    ``wrapper(wrapped, instance, args, kwargs)`` follows wrapt's convention; the wrapped
+    object keeps its signature and ``__wrapped__`` for introspection.
+    """
+    return Patch(owner, name, wrapt.FunctionWrapper(getattr(owner, name), wrapper))
+
+
+def with_keywords(
+    owner: Any,
+    name: str,
+    *,
+    force: dict[str, Any] | None = None,
+    default: dict[str, Any] | None = None,
+    drop: tuple[str, ...] = (),
+) -> Patch:
+    """A patch that makes every call of ``owner.name`` drop, default or force keywords.
+
+    Most constructor changes upstream are a keyword that appeared, became required or went
+    away; this one wrapper bridges all of them.
+    """
+    forced, defaults = dict(force or {}), dict(default or {})
+
+    def call(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+        for keyword in drop:
+            kwargs.pop(keyword, None)
+        for keyword, value in defaults.items():
+            kwargs.setdefault(keyword, value)
+        kwargs.update(forced)
+        return wrapped(*args, **kwargs)
+
+    return wrap(owner, name, call)
+
+
+def module_source(name: str) -> str | None:
+    """The source of module ``name`` read from disk without importing it, or None.
+
+    For probes that must decide before the module is importable (its imports are what broke).
+    Only the top-level package is looked up: ``find_spec`` of a submodule would import its
+    parent packages, and speculators' ``data_generation/__init__`` imports the generator.
+    """
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate.read_text(encoding="utf-8")
+    return None
+
+
+def imported_names(source_text: str, from_module: str) -> list[str]:
+    """The names ``source_text`` imports with ``from from_module import ...``."""
+    return [
+        alias.name
+        for node in ast.walk(ast.parse(source_text))
+        if isinstance(node, ast.ImportFrom) and node.module == from_module
+        for alias in node.names
+    ]
+
+
+class Proxy(wrapt.ObjectProxy):  # type: ignore[misc]
+    """``obj`` with some attributes replaced, for a module's view of another module.
+
+    Placed in a consumer's namespace (``Patch(consumer, "torch", Proxy(torch, ...))``) it
+    changes what that one module sees, and nothing else; everything else, ``isinstance``
+    included, is ``obj``'s (``wrapt.ObjectProxy``).
+    """
+
+    def __init__(self, obj: Any, **overrides: Any) -> None:
+        super().__init__(obj)
+        self._self_overrides = overrides
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_self_") and name in self._self_overrides:
+            return self._self_overrides[name]
+        return super().__getattr__(name)
+
+    def __repr__(self) -> str:
+        return f"<specshim proxy of {self.__wrapped__!r} overriding {sorted(self._self_overrides)}>"
