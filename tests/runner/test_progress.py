@@ -23,3 +23,12 @@ def test_visible_progress_draws_one_line_then_ends_it() -> None:
     last = stream.getvalue().rstrip("\n").split("\r")[-1]
     assert last.startswith("[extract] 1/4 samples, ") and " tok/s, ETA " in last
     assert stream.getvalue().endswith("\n") and stream.getvalue().count("\n") == 1
+
+
+def test_nothing_is_drawn_before_the_first_update() -> None:
+    """A run that fails to start ends with its error line, not an empty bar."""
+    stream = io.StringIO()
+    bar = Progress(total=4, stream=stream)
+    bar.finish()
+    del bar
+    assert stream.getvalue() == ""

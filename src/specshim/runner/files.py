@@ -163,8 +163,18 @@ class BackgroundWriter:
         self._pool.submit(self._write, path, obj, fingerprint)
 
     def _finish(self) -> None:
-        """Let the threads write what they were handed, then end them."""
-        self._pool.shutdown(wait=True)
+        """Let the threads write what they were handed, then end them. A Ctrl-C meanwhile
+        (the one that stops the run often lands here) is raised only once they have: the
+        caller counts what is on disk right after."""
+        interrupted = False
+        while True:
+            try:
+                self._pool.shutdown(wait=True)
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
 
     def close(self) -> None:
         self._finish()

@@ -32,19 +32,22 @@ class Progress:
         self.tokens = 0
         self.started = time.perf_counter() if started is None else started
         self.updated: float | None = None
-        self._bar = tqdm(
-            total=total,
-            desc=f"[{label}]",
-            unit=" samples",
-            file=stream,
-            disable=not visible,
-            bar_format="{desc} {n_fmt}/{total_fmt} samples{postfix}, ETA {remaining}",
-        )
+        self._label, self._stream, self._visible = label, stream, visible
+        self._bar: tqdm | None = None  # drawn from the first update: a run that fails to
+        # start leaves its error, not an empty bar, as the last line
 
     def update(self, samples: int, tokens: int) -> None:
         self.done += samples
         self.tokens += tokens
         self.updated = time.perf_counter()
+        if self._bar is None:
+            self._bar = tqdm(
+                total=self.total,
+                desc=f"[{self._label}]",
+                file=self._stream,
+                disable=not self._visible,
+                bar_format="{desc} {n_fmt}/{total_fmt} samples{postfix}, ETA {remaining}",
+            )
         self._bar.set_postfix_str(f"{self.tokens_per_second:,.0f} tok/s", refresh=False)
         self._bar.update(samples)
 
@@ -58,4 +61,5 @@ class Progress:
         return self.tokens / self.elapsed if self.elapsed else 0.0
 
     def finish(self) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
