@@ -10,9 +10,10 @@ writes the states must stay under):
 - ``native``: vLLM's ``extract_hidden_states`` speculative method with its
   ``ExampleHiddenStatesConnector`` (vLLM >= 0.18), timed until every file is written;
 - ``generator_rpc``: speculators' generator after ``specshim.apply()``, states through the RPC;
-- ``generator_ipc``: the same, states handed over by CUDA IPC (``specshim.runner.handoff``);
-- ``extract_rpc`` / ``extract_ipc``: ``specshim extract`` writing every sample to disk, with each
-  hand-off (the files are compared: the same tensors bit for bit);
+- ``generator_ipc`` / ``generator_shm``: the same, states handed over by CUDA IPC or through
+  shared host memory (``specshim.runner.handoff``);
+- ``extract_rpc`` / ``extract_ipc`` / ``extract_shm``: ``specshim extract`` writing every sample
+  to disk, with each hand-off (the files are compared: the same tensors bit for bit);
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
 - ``disk_writer``: the same on ``specshim extract``'s writer threads.
 
@@ -41,8 +42,10 @@ PATHS = (
     "native",
     "generator_rpc",
     "generator_ipc",
+    "generator_shm",
     "extract_rpc",
     "extract_ipc",
+    "extract_shm",
     "disk",
     "disk_writer",
 )
@@ -151,7 +154,7 @@ def _native(model: str, prompts: list[list[int]], max_len: int, work: Path) -> d
     return _timed(run, prompts)
 
 
-def _generator(model: str, prompts: list[list[int]], max_len: int, ipc: bool) -> dict[str, Any]:
+def _generator(model: str, prompts: list[list[int]], max_len: int, how: str) -> dict[str, Any]:
     import specshim
 
     specshim.apply()
@@ -162,8 +165,7 @@ def _generator(model: str, prompts: list[list[int]], max_len: int, ipc: bool) ->
     from specshim.runner import handoff
 
     generator = VllmHiddenStatesGenerator(model, layer_ids=layer_ids(model), max_model_len=max_len)
-    if ipc:
-        handoff.share_through_cuda_ipc(generator)
+    handoff.use(generator, how)
     timers = Timers()
     timers.wrap(generator.executor, "execute_model")
     timers.wrap(generator.executor, "sample_tokens")
@@ -180,15 +182,18 @@ def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> d
     import contextlib
 
     from specshim.runner import extract, files
+    from specshim.runner import handoff as handoffs
 
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
     started = extract._generator
+    worker: list[Any] = []  # what the hand-off did in the worker (page-locked or not)
 
     @contextlib.contextmanager
     def timed_generator(*args: Any, **kwargs: Any) -> Any:
         with started(*args, **kwargs) as generator:
             timers.wrap(generator, "generate")
             yield generator
+            worker.extend(generator.executor.collective_rpc(handoffs.state))
 
     extract._generator = timed_generator
     timers.wrap(extract, "_checked")
@@ -207,6 +212,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> d
         "seconds": summary.seconds,
         "tokens_per_second": summary.tokens_per_second,
         "inside": dict(timers.seconds),
+        "handoff": worker[0] if worker else None,
     }
 
 
@@ -238,7 +244,7 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
     elif mode == "native":
         result = _native(model, prompts, max_len, root)
     elif mode.startswith("generator_"):
-        result = _generator(model, prompts, max_len, ipc=mode.endswith("ipc"))
+        result = _generator(model, prompts, max_len, mode.removeprefix("generator_"))
     elif mode.startswith("extract_"):
         handoff = mode.removeprefix("extract_")
         result = _extract(model, Path(data), max_len, root / mode, handoff)
@@ -293,10 +299,13 @@ def main() -> None:
         rates[mode], inside[mode] = found["tokens_per_second"], found.get("inside", {})
         spent = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(inside[mode].items()))
         print(f"{mode:<15}{rates[mode]:>14,.0f} tokens/s in {found['seconds']:.2f} s"
-              + (f" ({spent})" if spent else ""), file=sys.stderr, flush=True)  # fmt: skip
-    if {"extract_rpc", "extract_ipc"} <= set(rates):
-        compared = same_files(work / "extract_rpc", work / "extract_ipc")
-        print(f"extract_ipc's {compared} files equal extract_rpc's, tensor for tensor")
+              + (f" ({spent})" if spent else "")
+              + (f" worker: {found['handoff']}" if found.get("handoff") else ""),
+              file=sys.stderr, flush=True)  # fmt: skip
+    written = [m for m in rates if m.startswith("extract_")]
+    for mode in written[1:]:
+        compared = same_files(work / written[0], work / mode)
+        print(f"{mode}'s {compared} files equal {written[0]}'s, tensor for tensor")
     base = rates.get("vllm_prefill")
     disk = max((r for m, r in rates.items() if m.startswith("disk")), default=0)
     ceiling = min((r for r in (rates.get("vllm_prefill", 0), disk) if r), default=0)

@@ -38,7 +38,7 @@ def run(
     prompt_len: int = 0,
     max_model_len: int = 256,
     runner_v2: bool = False,
-    ipc: bool = False,
+    handoff: str = "rpc",
 ) -> dict[str, Any]:
     """The driver's results, or ``{"error": {...}}`` when the generator raised.
 
@@ -61,7 +61,7 @@ def run(
                 prompt_len,
                 max_model_len,
                 "v2" if runner_v2 else "v1",
-                "ipc" if ipc else "rpc",
+                handoff,
             ),
         )
     )
@@ -102,8 +102,8 @@ def run(
         cmd.append("--no-shim")
     if on_gpu:
         cmd.append("--gpu")
-    if ipc:
-        cmd.append("--ipc")
+    if handoff != "rpc":
+        cmd += ["--handoff", handoff]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     error = Path(f"{out}.error.json")
     if error.exists():

@@ -137,3 +137,49 @@ def test_tensor_parallel_2_on_the_cpu(speculators, tiny_models) -> None:
         p[: MAX_MODEL_LEN - 1] for p in result["prompts"]
     ]
     harness.assert_matches_transformers(model, result, "batch_40")
+
+
+def leftover_buffers() -> list[str]:
+    """Shared-memory hand-off buffers of processes that are gone (none may be left)."""
+    from specshim.runner import handoff
+
+    found = handoff.SHARED_MEMORY.glob(f"{handoff.BUFFER_PREFIX}*")
+    pids = {p.name: int(p.name.removeprefix(handoff.BUFFER_PREFIX).split("-")[0]) for p in found}
+    return [name for name, pid in pids.items() if not handoff._alive(pid)]
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_shared_memory_hand_off_gives_the_rpc_paths_tensors(speculators, tiny_models) -> None:
+    """The worker's states through one /dev/shm buffer (reused for the batches of 1, grown for
+    those of 11 and 40) are the RPC reply bit for bit, and the buffer is gone afterwards."""
+    model = tiny_models["llama"]
+    by_rpc = harness.run("0.32.0", speculators, model)
+    by_shm = harness.run("0.32.0", speculators, model, handoff="shm")
+    harness.assert_ran(by_shm)
+    shared = by_shm["workers"][0]["handoff"]
+    calls = sum(-(-PROMPTS // int(key.removeprefix("batch_"))) for key in BATCHES)
+    # every generate() got its reply through the buffer (more than one where request_batching
+    # splits a batch over 32 requests), none the RPC way
+    assert (shared["how"], shared["fallbacks"]) == ("shm", 0) and shared["replies"] >= calls
+    tokens = max(sum(len(s["input_ids"]) for s in by_shm["batch_11"][i : i + 11]) for i in (0, 11))
+    assert shared["buffer_bytes"] >= tokens * len(by_shm["layer_ids"]) * 128 * 2  # bf16 states
+    assert not shared["pinned"]  # a CPU worker: nothing to page-lock for
+    assert by_rpc["workers"][0]["handoff"] is None
+    for key in BATCHES:
+        for one, other in zip(by_rpc[key], by_shm[key], strict=True):
+            assert torch.equal(one["input_ids"], other["input_ids"])
+            for a, b in zip(one["hidden_states"], other["hidden_states"], strict=True):
+                assert a.dtype == b.dtype and torch.equal(a, b), key
+    assert leftover_buffers() == []
+
+
+def test_shared_memory_hand_off_under_tensor_parallel_2(tiny_models) -> None:
+    """Only rank 0's reply is read: only its worker shares, and nothing is left behind."""
+    model = tiny_models["llama"]
+    result = harness.run("0.32.0", "0.4.0.1", model, batches="40", tp=2, handoff="shm")
+    harness.assert_ran(result)
+    harness.assert_matches_transformers(model, result, "batch_40")
+    first, second = (w["handoff"] for w in result["workers"])
+    assert first["how"] == "shm" and first["replies"] >= 1 and first["fallbacks"] == 0
+    assert second is None  # rank 1's reply is dropped: it shares nothing
+    assert leftover_buffers() == []

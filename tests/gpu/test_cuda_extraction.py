@@ -4,7 +4,8 @@ The checks of the CPU suite (tests/e2e), on the interpreter's own CUDA vLLM (the
 CUDA vLLM 0.26.0, FlashAttention 3), with both model runners: parity with the float32
 transformers forward pass for both speculators, counts, order, batches of 1, 11 and 40 (more
 than speculators' 32 requests a step), each adapter the GPU needs left out and its break shown,
-the workers' runner class, and the CUDA IPC hand-off giving the RPC path's tensors bit for bit.
+the workers' runner class, and the CUDA IPC and shared-memory hand-offs giving the RPC path's
+tensors bit for bit.
 Run with ``scripts/gpu_test.sh``; skipped where torch sees no CUDA device.
 """
 
@@ -107,17 +108,22 @@ def test_left_out_and_still_right_on_this_runner(speculators, runner, adapter, t
 
 
 @pytest.mark.parametrize("speculators", SPECULATORS)
-@pytest.mark.parametrize("runner", ["v2"])
-def test_cuda_ipc_hand_off_gives_the_rpc_paths_tensors(speculators, runner, tiny_models) -> None:
+def test_hand_offs_give_the_rpc_paths_tensors(speculators, tiny_models) -> None:
+    """CUDA IPC and the page-locked shared host buffer, on V2: the RPC's tensors bit for bit."""
     model = tiny_models["llama"]
-    by_rpc = gpu_run(speculators, runner, model, batches="11")
-    by_ipc = gpu_run(speculators, runner, model, batches="11", ipc=True)
-    harness.assert_ran(by_ipc)
-    for one, other in zip(by_rpc["batch_11"], by_ipc["batch_11"], strict=True):
-        assert torch.equal(one["input_ids"], other["input_ids"])
-        for a, b in zip(one["hidden_states"], other["hidden_states"], strict=True):
-            assert a.dtype == b.dtype and a.device == b.device == torch.device("cpu")
-            assert torch.equal(a, b)
+    by_rpc = gpu_run(speculators, "v2", model, batches="1,11")
+    for how in ("ipc", "shm"):
+        handed = gpu_run(speculators, "v2", model, batches="1,11", handoff=how)
+        harness.assert_ran(handed)
+        state = handed["workers"][0]["handoff"]
+        assert state["how"] == how and state["replies"] >= 44 and state["fallbacks"] == 0
+        assert state["pinned"] == (how == "shm")  # the buffer is page-locked on a CUDA device
+        for key in ("batch_1", "batch_11"):
+            for one, other in zip(by_rpc[key], handed[key], strict=True):
+                assert torch.equal(one["input_ids"], other["input_ids"])
+                for a, b in zip(one["hidden_states"], other["hidden_states"], strict=True):
+                    assert a.dtype == b.dtype and a.device == b.device == torch.device("cpu")
+                    assert torch.equal(a, b), (how, key)
 
 
 @pytest.mark.parametrize("speculators", SPECULATORS)

@@ -47,7 +47,7 @@ SETTINGS = {"model": "/m", "data": "/d.jsonl", "layers": [0, 1, 2, 3], "max_mode
         ("--layers", "0,9", "--layers: 9 is out of range: the model has 4 decoder layers"),
         ("--layers", "1,1,3", "--layers: 1 is given twice (expected distinct ids)"),
         ("--max-model-len", "100000", "--max-model-len 100000 is more than the model's 2048"),
-        ("--handoff", "ipc", "--handoff ipc needs vLLM on a CUDA device; use rpc here"),
+        ("--handoff", "ipc", "--handoff ipc needs vLLM on a CUDA device; use rpc or shm here"),
     ],
 )
 def test_bad_options_are_one_line_before_vllm_and_leave_nothing(

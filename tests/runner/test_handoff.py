@@ -1,11 +1,15 @@
-"""The CUDA IPC hand-off keeps the reply's shape for both speculators releases.
+"""The hand-offs keep the reply's shape for both speculators releases.
 
 The replies here are built by hand in the shapes the two workers return (speculators 0.3.0:
-a list of per-layer tensors; 0.4.x: a dict of request id to that list), since no CUDA device
-is here to pickle an IPC handle; tests/gpu compares the real hand-off with the RPC path.
+a list of per-layer tensors; 0.4.x: a dict of request id to that list). The shared-memory
+buffer is pickled and unpickled in this process; tests/e2e/test_extraction.py runs it between
+vLLM's real CPU worker and the generator, tests/gpu both hand-offs on the H200.
 """
 
 from __future__ import annotations
+
+import os
+import pickle
 
 import pytest
 import torch
@@ -49,22 +53,64 @@ def test_an_unknown_shape_is_named() -> None:
 
 
 def test_a_handoff_name_outside_the_choices_is_one_line() -> None:
-    with pytest.raises(ValueError, match="--handoff must be one of auto, rpc, ipc, got 'shm'"):
-        handoff.choose("shm")
+    expected = "--handoff must be one of auto, rpc, ipc, shm, got 'nccl'"
+    with pytest.raises(ValueError, match=expected):
+        handoff.choose("nccl")
+
+
+def test_shared_memory_reply_is_the_same_tensors_and_leaves_no_file(tmp_path) -> None:
+    """A 0.4.x-shaped reply of bf16 and float32 tensors (one a non-contiguous view) comes back
+    equal from the buffer; the caller's first mapping unlinks the file."""
+    buffer = handoff.HostBuffer(tmp_path)
+    wide = torch.randn(7, 6)
+    states = {
+        "req_0_0": [torch.randn(3, 4, dtype=torch.bfloat16), wide[:, ::2]],
+        "req_0_1": [torch.randn(5, 4, dtype=torch.bfloat16), torch.randn(0, 3)],
+    }
+    received = pickle.loads(pickle.dumps(buffer.fill(states)))
+    assert set(received) == set(states)
+    for got, sent in zip(received.values(), states.values(), strict=True):
+        for a, b in zip(got, sent, strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shared_memory_buffer_is_reused_then_grown(tmp_path) -> None:
+    """A batch that fits reuses the buffer; a larger one gets a new file, and the caller's
+    views of it are the new batch."""
+    buffer = handoff.HostBuffer(tmp_path)
+    pickle.loads(pickle.dumps(buffer.fill([torch.ones(16, 8)])))
+    first = (buffer.path, buffer.size)
+    pickle.loads(pickle.dumps(buffer.fill([torch.zeros(4, 8)])))
+    assert (buffer.path, buffer.size) == first
+    big = torch.arange(2**19, dtype=torch.float32).reshape(-1, 64)  # 2 MiB: more than 1 MiB
+    [got] = pickle.loads(pickle.dumps(buffer.fill([big])))
+    assert buffer.path != first[0] and buffer.size >= big.numel() * 4
+    assert torch.equal(got, big)
+
+
+def test_buffers_of_processes_that_are_gone_are_removed(tmp_path) -> None:
+    alive = tmp_path / f"{handoff.BUFFER_PREFIX}{os.getpid()}-0"
+    gone = tmp_path / f"{handoff.BUFFER_PREFIX}999999999-0"  # above any pid_max
+    for path in (alive, gone):
+        path.write_bytes(b"x")
+    assert handoff.remove_stale_buffers(tmp_path) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [alive.name]
 
 
 @pytest.mark.parametrize(
     ("kind", "handoff_option", "tensor_parallel_size", "chosen"),
     [
-        ("cuda", "auto", 1, "ipc"),
-        ("cuda", "auto", 8, "rpc"),  # every rank would share: not yet measured
+        ("cuda", "auto", 1, "shm"),
+        ("cuda", "auto", 8, "rpc"),  # not yet measured under tensor parallelism
         ("cuda", "ipc", 8, "ipc"),
         ("cuda", "rpc", 1, "rpc"),
         ("cpu", "auto", 1, "rpc"),
         ("cpu", "rpc", 1, "rpc"),
+        ("cpu", "shm", 1, "shm"),
     ],
 )
-def test_auto_is_ipc_on_one_cuda_device_only(
+def test_auto_is_shm_on_one_cuda_device_only(
     monkeypatch, kind, handoff_option, tensor_parallel_size, chosen
 ) -> None:
     """The accelerator is faked (``hardware.detect``): the choice, not the device, is tested."""

@@ -387,9 +387,7 @@ def extract(
     bar = Progress(total=len(work.todo), visible=progress)
     verified = ""
     if work.todo or verify or not _config_current(out, len(samples)):
-        with _generator(
-            model, layers, max_model_len, tensor_parallel_size, handoff == "ipc"
-        ) as generator:
+        with _generator(model, layers, max_model_len, tensor_parallel_size, handoff) as generator:
             files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
             files.Ledger(out / LEDGER).keep(work.kept)
             bar = _run(generator, out, work.todo, prints, samples, batch_size, limit, progress)
@@ -534,19 +532,25 @@ def _generator(
     layers: list[int],
     max_model_len: int,
     tensor_parallel_size: int,
-    ipc: bool = False,
+    handoff: str = "rpc",
 ) -> Iterator[Any]:
     """speculators' generator, with its vLLM workers shut down on the way out.
 
     Its own ``__del__`` would do it at interpreter exit, when its logger is already gone.
-    With ``ipc`` the states leave the worker by CUDA IPC (:mod:`specshim.runner.handoff`)
-    instead of speculators' RPC. A start that fails is one line; vLLM's log above it has the
-    details.
+    The states leave the worker the ``handoff`` way (:mod:`specshim.runner.handoff`). A start
+    that fails is one line; vLLM's log above it has the details.
+
+    vLLM's executor sets this process's torch to the workers' thread count (one, measured on
+    the H200) so that a forked worker inherits it; the workers run by then, so it is set back:
+    the copies and checks of every sample run here (1.5 of 6.1 s of an extraction on one
+    thread, docs/benchmarks.md section 6).
     """
+    import torch
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
 
+    threads = torch.get_num_threads()
     try:
         generator = VllmHiddenStatesGenerator(
             model,
@@ -557,13 +561,15 @@ def _generator(
     except Exception as exc:  # whatever vLLM raised: the user gets its first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ExtractionError(f"vLLM could not start {model}: {first}") from exc
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     try:
-        if ipc:
-            handoffs.share_through_cuda_ipc(generator)
+        handoffs.use(generator, handoff)
         yield generator
     finally:
         generator.executor.shutdown()
         del generator.executor
+        handoffs.forget()
 
 
 def _save_data_config(generator: Any, out: Path, data: Path, seq_length: int, count: int) -> None:

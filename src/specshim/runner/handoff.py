@@ -1,31 +1,88 @@
-"""Hand the captured hidden states from vLLM's worker to the caller through CUDA IPC.
+"""Hand the captured hidden states from vLLM's worker to the caller without pickling them.
 
 speculators' generator fetches each batch's states with
-``collective_rpc("_get_captured_states")``: the worker's GPU tensors are copied to the host,
+``collective_rpc("_get_captured_states")``: the worker's tensors are copied to the host,
 pickled through vLLM's message queue and unpickled in the caller. Measured on an H200 (1.1 B
 Llama, CUDA vLLM 0.26.0), that RPC took 9.1 of 10.5 s, holding extraction to 0.045 of vLLM's
-prefill. With :func:`share_through_cuda_ipc` the worker replies with CUDA IPC handles instead
-(``torch.multiprocessing``'s own reduction), the caller maps the worker's memory without a
-copy, and the generator's slicing and ``.cpu()`` read it straight from the GPU. The tensors
-are the worker's own, so the data is bit for bit what the RPC path delivers. Measured on the
-H200 (16 x 2048 Llama, 512 x 512 tokens, docs/benchmarks.md section 6): the generator 5.7 times
-faster, ``specshim extract``'s 512 files equal the RPC path's tensor for tensor.
+prefill. :func:`use` switches one generator's worker to another reply, of the same shape:
 
-Each worker keeps the batch it shared alive until its next ``_get_captured_states``; the
-generator has copied every sample to the host before it asks again. Scoped to one generator:
-nothing is patched, the worker objects of that generator get an instance attribute.
-``specshim extract`` uses it on one CUDA device (:func:`choose`); a user of the generator
-opts in with :func:`share_through_cuda_ipc`.
+``ipc``
+    CUDA IPC handles (``torch.multiprocessing``'s own reduction): the caller maps the worker's
+    GPU memory without a copy, and the generator's ``.clone().cpu()`` reads it from the GPU,
+    one sample and layer at a time. Measured on the H200 (docs/benchmarks.md section 6): the
+    generator 5.7 times faster than the RPC; then those small copies were most of the time.
+``shm``
+    Shared host memory: the worker copies the whole batch into one file in ``/dev/shm``
+    (page-locked on a CUDA device, so the copy is one DMA burst), and replies with offsets;
+    the caller maps the same file once and the generator's copies are host memory copies.
+
+Either way the tensors are the worker's own, so the data is bit for bit what the RPC path
+delivers (tests/runner/test_handoff.py on vLLM's CPU worker, tests/gpu on the H200).
+
+Contract: the worker keeps what it shared until its next ``_get_captured_states``; the
+generator has cloned every sample by then (both speculators releases do). Scoped to one
+generator and to the worker that replies (rank 0): nothing is patched, that worker object gets
+an instance attribute. ``specshim extract`` picks one with :func:`choose`; a user of the
+generator opts in with ``handoff.use(generator, "shm")``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
+import mmap
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-#: The worker attribute that holds the last batch it shared. Kept until the next fetch (the
-#: generator has copied every sample to the host by then), so the caller's mapping never
-#: depends on torch's bookkeeping of freed IPC blocks; costs one batch of states on the GPU.
+logger = logging.getLogger(__name__)
+
+#: How the states may leave the worker: ``auto`` picks ``shm`` on one CUDA device and ``rpc``
+#: (speculators' own way) elsewhere; on the CPU the RPC path is near the engine's speed.
+CHOICES = ("auto", "rpc", "ipc", "shm")
+#: Where the ``shm`` buffers live: a tmpfs, so "writing" them is filling memory.
+SHARED_MEMORY = Path("/dev/shm")
+#: Each buffer's name: the worker's process id, then a counter (a grown buffer is a new file).
+BUFFER_PREFIX = "specshim-states-"
+#: Every tensor starts at a multiple of this many bytes in the buffer (any dtype's alignment).
+ALIGNMENT = 64
+
+#: The worker attribute holding what it shared last, alive until the next fetch.
 _KEPT = "_specshim_shared_states"
+#: The worker attribute holding its :class:`WorkerHandoff`.
+_STATE = "_specshim_handoff"
+
+
+def _each_tensor(states: Any, change: Callable[[Any], Any]) -> Any:
+    """``states`` in the shape the generator expects, every tensor replaced by ``change(t)``.
+
+    speculators 0.3.0's worker replies with one tensor per layer (a list), 0.4.x with a dict
+    of request id to that list; ``None`` means nothing was captured. Another shape raises
+    ``TypeError`` naming it, since the generator could not read a reply of that shape either.
+    """
+    if states is None:
+        return None
+    if isinstance(states, list):
+        return [change(t) for t in states]
+    if isinstance(states, dict):
+        return {key: _each_tensor(layers, change) for key, layers in states.items()}
+    raise TypeError(
+        "state hand-off: expected the worker's captured states as a list of per-layer "
+        f"tensors or a dict of request id to such a list, found {type(states).__name__}"
+    )
+
+
+def _tensors(states: Any) -> list[Any]:
+    """The tensors of a reply, in :func:`_each_tensor`'s order."""
+    found: list[Any] = []
+    _each_tensor(states, found.append)
+    return found
+
+
+# ---- ipc: CUDA IPC handles ------------------------------------------------------------------
 
 
 class _SharedCudaTensor:
@@ -41,50 +98,231 @@ class _SharedCudaTensor:
 
 
 def shareable(states: Any) -> Any:
-    """``states`` in the shape the generator expects, every tensor replaced by its IPC handle.
+    """``states`` with every tensor replaced by its CUDA IPC handle."""
+    return _each_tensor(states, _SharedCudaTensor)
 
-    speculators 0.3.0's worker replies with one tensor per layer (a list), 0.4.x with a dict
-    of request id to that list; ``None`` means nothing was captured. Another shape raises
-    ``TypeError`` naming it, since the generator could not read a reply of that shape either.
+
+# ---- shm: one shared host buffer ------------------------------------------------------------
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def _map(path: Path, size: int) -> Any:
+    """A uint8 tensor over the first ``size`` bytes of the file at ``path``, mapped shared."""
+    import torch
+
+    with path.open("r+b") as f:
+        memory = mmap.mmap(f.fileno(), size)
+    return torch.frombuffer(memory, dtype=torch.uint8)
+
+
+class HostBuffer:
+    """The worker's side of ``shm``: one file in :data:`SHARED_MEMORY`, mapped, reused for
+    every batch and replaced by a larger one when a batch needs more.
+
+    Its pages are reserved when it is made (``posix_fallocate``), so a full ``/dev/shm`` (64 MB
+    in a default Docker container) is an ``OSError`` here, not a bus error mid-copy. On a CUDA
+    device it is page-locked (``cudaHostRegister``), which makes the device-to-host copy one
+    DMA burst; where that fails the copy is merely slower. The caller unlinks the file once it
+    has mapped it (:func:`_host_view`), so nothing is left in ``/dev/shm`` after the run.
     """
-    if states is None:
-        return None
-    if isinstance(states, list):
-        return [_SharedCudaTensor(t) for t in states]
-    if isinstance(states, dict):
-        return {key: shareable(layers) for key, layers in states.items()}
-    raise TypeError(
-        "CUDA IPC hand-off: expected the worker's captured states as a list of per-layer "
-        f"tensors or a dict of request id to such a list, found {type(states).__name__}"
-    )
+
+    def __init__(self, directory: Path = SHARED_MEMORY) -> None:
+        self.directory = directory
+        self.path: Path | None = None
+        self.size = 0
+        self.pinned = False
+        self.memory: Any = None
+        self._made = 0
+
+    def hold(self, nbytes: int, cuda: bool) -> Any:
+        """The buffer, at least ``nbytes`` long (grown by half at least, to whole MiB)."""
+        if nbytes <= self.size:
+            return self.memory
+        size = _aligned(max(nbytes, self.size * 3 // 2, 1)) + (1 << 20) - 1
+        size -= size % (1 << 20)
+        self._release()
+        path = self.directory / f"{BUFFER_PREFIX}{os.getpid()}-{self._made}"
+        self._made += 1
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            os.close(fd)
+            path.unlink()
+            raise
+        os.close(fd)
+        self.memory, self.path, self.size = _map(path, size), path, size
+        self.pinned = cuda and self._pin()
+        return self.memory
+
+    def _pin(self) -> bool:
+        import torch
+
+        register = getattr(torch.cuda.cudart(), "cudaHostRegister", None)
+        return register is not None and int(register(self.memory.data_ptr(), self.size, 0)) == 0
+
+    def _release(self) -> None:
+        if self.pinned:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(self.memory.data_ptr())
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)  # the caller may not have mapped it
+        self.memory, self.path, self.size, self.pinned = None, None, 0, False
+
+    def fill(self, states: Any) -> Any:
+        """Copy every tensor of ``states`` into the buffer; the reply that names them."""
+        tensors = _tensors(states)
+        cuda = any(t.is_cuda for t in tensors)
+        memory = self.hold(sum(_aligned(t.numel() * t.element_size()) for t in tensors), cuda)
+        views: dict[int, _HostView] = {}
+        offset = 0
+        for tensor in tensors:
+            nbytes = tensor.numel() * tensor.element_size()
+            place = memory[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+            place.copy_(tensor, non_blocking=cuda)
+            views[id(tensor)] = _HostView(
+                str(self.path), self.size, offset, tensor.dtype, tuple(tensor.shape)
+            )
+            offset += _aligned(nbytes)
+        if cuda:
+            import torch
+
+            torch.cuda.current_stream().synchronize()
+        return _each_tensor(states, lambda t: views[id(t)])
 
 
-def _install(worker: Any) -> bool:
-    """Run in each vLLM worker: make ``_get_captured_states`` reply with IPC handles."""
-    fetch = worker._get_captured_states
+#: The caller's mappings of the workers' buffers: file name -> uint8 tensor.
+_MAPPED: dict[str, Any] = {}
 
-    def shared() -> Any:
-        states = fetch()
-        setattr(worker, _KEPT, states)
-        return shareable(states)
 
-    worker._get_captured_states = shared
+def _host_view(path: str, size: int, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """Unpickled in the caller: the tensor at ``offset`` of the worker's buffer ``path``.
+
+    The first view of a buffer maps it and unlinks its file (both processes hold the memory
+    now); a worker's grown buffer replaces the mapping of its previous one.
+    """
+    memory = _MAPPED.get(path)
+    if memory is None:
+        worker = Path(path).name.rsplit("-", 1)[0]
+        for old in [p for p in _MAPPED if Path(p).name.rsplit("-", 1)[0] == worker]:
+            del _MAPPED[old]
+        memory = _MAPPED[path] = _map(Path(path), size)
+        Path(path).unlink(missing_ok=True)
+    nbytes = math.prod(shape) * dtype.itemsize
+    return memory[offset : offset + nbytes].view(dtype).view(shape)
+
+
+def forget() -> None:
+    """Drop this process's mappings of the workers' buffers (once their generator is shut
+    down: what it returned are copies)."""
+    _MAPPED.clear()
+
+
+class _HostView:
+    """Pickles as the place of a tensor in a worker's :class:`HostBuffer`."""
+
+    def __init__(
+        self, path: str, size: int, offset: int, dtype: Any, shape: tuple[int, ...]
+    ) -> None:
+        self.place = (path, size, offset, dtype, shape)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_host_view, self.place)
+
+
+def remove_stale_buffers(directory: Path = SHARED_MEMORY) -> int:
+    """Delete buffers whose worker is gone (a run killed between a worker's copy and the
+    caller's mapping leaves one); return how many."""
+    removed = 0
+    for path in directory.glob(f"{BUFFER_PREFIX}*"):
+        pid = path.name.removeprefix(BUFFER_PREFIX).split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
     return True
 
 
-#: How the states may leave the worker: ``auto`` picks ``ipc`` on one CUDA device (measured on
-#: the H200: 5.7 times the RPC path's speed, the same files bit for bit) and ``rpc``
-#: (speculators' own way) elsewhere; on the CPU the RPC path is near the engine's speed.
-CHOICES = ("auto", "rpc", "ipc")
+# ---- installing a hand-off in the worker ----------------------------------------------------
+
+
+@dataclass
+class WorkerHandoff:
+    """What the hand-off did in one worker; :func:`state` reads it there."""
+
+    how: str
+    replies: int = 0
+    #: ``shm`` replies sent the RPC way, since ``/dev/shm`` had no room (logged in the worker).
+    fallbacks: int = 0
+    buffer: HostBuffer = field(default_factory=HostBuffer)
+
+    def reply(self, states: Any) -> Any:
+        """``states`` as the caller will receive them."""
+        self.replies += 1
+        if self.how == "ipc":
+            return shareable(states)
+        try:
+            return self.buffer.fill(states)
+        except OSError as exc:  # /dev/shm full: this batch the RPC way, correct but slower
+            self.fallbacks += 1
+            logger.warning("specshim: shared-memory hand-off unavailable (%s); using the RPC", exc)
+            return states
+
+
+def _install(worker: Any, how: str) -> bool:
+    """Run in each vLLM worker: make ``_get_captured_states`` reply the ``how`` way. Only the
+    worker whose reply the generator reads (rank 0) changes; the others' replies are dropped."""
+    if getattr(worker, "rank", 0) != 0:
+        return False
+    fetch = worker._get_captured_states
+    handoff = WorkerHandoff(how)
+
+    def handed_off() -> Any:
+        states = fetch()
+        setattr(worker, _KEPT, states)  # alive until the next fetch (module docstring)
+        return handoff.reply(states)
+
+    worker._get_captured_states = handed_off
+    setattr(worker, _STATE, handoff)
+    return True
+
+
+def state(worker: Any) -> dict[str, Any] | None:
+    """Run in a vLLM worker (``collective_rpc(handoff.state)``): how its replies were handed
+    off, how many, how many fell back to the RPC, the buffer's size and whether it is
+    page-locked; ``None`` where :func:`use` changed nothing."""
+    handoff = getattr(worker, _STATE, None)
+    if handoff is None:
+        return None
+    return {
+        "how": handoff.how,
+        "replies": handoff.replies,
+        "fallbacks": handoff.fallbacks,
+        "buffer_bytes": handoff.buffer.size,
+        "pinned": handoff.buffer.pinned,
+    }
 
 
 def choose(handoff: str, tensor_parallel_size: int = 1) -> str:
-    """``rpc`` or ``ipc`` for the option ``handoff``; a name outside :data:`CHOICES`, or
-    ``ipc`` where torch sees no CUDA device, is refused with one line (``ValueError``).
+    """``rpc``, ``ipc`` or ``shm`` for the option ``handoff``; a name outside :data:`CHOICES`,
+    or ``ipc`` where torch sees no CUDA device, is refused with one line (``ValueError``).
 
-    ``auto`` keeps the RPC path under tensor parallelism: every rank's worker would share
-    its memory with this process, which is not yet measured (ask for ``ipc`` to try it).
-    Asks torch, not vLLM, so that it runs before vLLM's settings are chosen.
+    ``auto`` keeps the RPC path under tensor parallelism (not yet measured there; ask for
+    ``shm`` to try it) and on the CPU. Asks torch, not vLLM, so that it runs before vLLM's
+    settings are chosen.
     """
     from specshim import hardware
 
@@ -92,12 +330,20 @@ def choose(handoff: str, tensor_parallel_size: int = 1) -> str:
         raise ValueError(f"--handoff must be one of {', '.join(CHOICES)}, got {handoff!r}")
     on_cuda = hardware.detect().kind == "cuda"
     if handoff == "ipc" and not on_cuda:
-        raise ValueError("--handoff ipc needs vLLM on a CUDA device; use rpc here")
+        raise ValueError("--handoff ipc needs vLLM on a CUDA device; use rpc or shm here")
     if handoff == "auto":
-        return "ipc" if on_cuda and tensor_parallel_size == 1 else "rpc"
+        return "shm" if on_cuda and tensor_parallel_size == 1 else "rpc"
     return handoff
 
 
-def share_through_cuda_ipc(generator: Any) -> None:
-    """Switch ``generator``'s workers to the IPC hand-off (see the module docstring)."""
-    generator.executor.collective_rpc(_install)
+def use(generator: Any, how: str) -> None:
+    """Switch ``generator``'s worker to the ``how`` hand-off (``rpc``: speculators' own, left
+    as it is). See the module docstring for the contract."""
+    if how == "rpc":
+        return
+    if how not in CHOICES:
+        raise ValueError(f"hand-off must be one of {', '.join(CHOICES[1:])}, got {how!r}")
+    if how == "shm":
+        with contextlib.suppress(OSError):
+            remove_stale_buffers()
+    generator.executor.collective_rpc(_install, args=(how,))
