@@ -279,7 +279,7 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="how the hidden states leave vLLM's worker: speculators' RPC, CUDA IPC (a CUDA "
         "device only), or one shared host buffer in /dev/shm (the same tensors bit for bit "
-        "each way; docs/benchmarks.md section 6); auto: shm on one CUDA device, rpc otherwise",
+        "each way; docs/benchmarks.md section 6); auto: ipc on one CUDA device, rpc otherwise",
     )
     ext.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     ext.set_defaults(handler=_extract)

@@ -135,3 +135,12 @@ def test_every_adapter_applied_on_the_gpu_has_evidence(speculators, tiny_models)
     covered = {a for s, _r, a in (*GPU_RAISES, *GPU_HARMLESS) if s == speculators}
     covered |= evidence(speculators) | {"extraction_executor"}
     assert applied <= covered, applied - covered
+    # and the matrix's row for this vLLM on this GPU lists exactly these (report quotes it)
+    import vllm
+
+    from specshim import hardware, matrix
+
+    here = matrix.where(hardware.detect())
+    rows = [r for r in matrix.load() if (r.vllm, r.speculators, r.accelerator)
+            == (vllm.__version__, speculators, here)]  # fmt: skip
+    assert [set(r.adapters or ()) for r in rows] == [applied]

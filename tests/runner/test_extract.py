@@ -197,6 +197,34 @@ def test_states_that_cannot_be_right_are_refused(states, problem) -> None:
         extract._checked(result([4, 5, 6], *states), sample(2, [4, 5, 6], line=8), 63, [1, 5])
 
 
+class FakeGeneratorWithNaNInOneSample:
+    """Stands in for speculators' generator, which real vLLM never makes return NaN: each
+    prompt's states are ones, except the prompt ``bad``'s."""
+
+    def __init__(self, bad: list[int]) -> None:
+        self.bad = bad
+        self.layer_ids = [1]
+
+    def generate(self, prompts: list[list[int]]) -> list[dict[str, object]]:
+        return [
+            result(p, one_bad(float("nan")) if p == self.bad else torch.ones(len(p), 4))
+            for p in prompts
+        ]
+
+
+def test_a_refused_sample_stops_the_run_with_its_line_and_keeps_the_others(tmp_path) -> None:
+    """The guards run on the writer's threads: the refusal still names the row, nothing is
+    written for it, and what was written is whole and in the ledger (a rerun keeps it)."""
+    todo = [sample(i, [10 + i, 11, 12]) for i in range(6)]
+    generator = FakeGeneratorWithNaNInOneSample(bad=todo[4].input_ids)
+    with pytest.raises(extract.ExtractionError, match=r"^line 5 \(data_4.pt\), layer 1: states"):
+        extract._run(generator, tmp_path, todo, ["fp"] * 6, todo, 2, 63, False)
+    assert not (tmp_path / "data_4.pt").exists()
+    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    assert recorded and "data_4.pt" not in recorded  # (which others: up to the threads)
+    assert all(entry.still_there(tmp_path) for entry in recorded.values())
+
+
 def test_other_token_ids_are_refused_with_the_line() -> None:
     with pytest.raises(extract.ExtractionError, match=r"line 8 \(data_2.pt\): the generator"):
         extract._checked(result([4, 5], torch.ones(2, 4)), sample(2, [4, 5, 6], line=8), 63, [1])

@@ -1,5 +1,6 @@
 """Atomic writes leave either the whole file or nothing."""
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,27 @@ def test_background_writer_finishes_handed_over_writes_when_the_caller_fails(
             writer.submit(tmp_path / f"data_{i}.pt", {"i": i})
         raise KeyError("the generator failed")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"data_{i}.pt" for i in range(10))
+
+
+def test_background_writer_makes_records_on_its_threads_and_raises_refusals_as_they_are(
+    tmp_path: Path,
+) -> None:
+    """A function handed over runs on a writer thread; what it raises reaches the caller
+    unwrapped (not as a failed write), and nothing is written for that record."""
+    pytest.importorskip("torch")
+    made_on: list[str] = []
+
+    def record() -> dict[str, int]:
+        made_on.append(threading.current_thread().name)
+        return {"x": 1}
+
+    def refused() -> dict[str, int]:
+        raise ValueError("line 8 (data_1.pt): refusing to write it")
+
+    writer = files.BackgroundWriter()
+    writer.submit(tmp_path / "data_0.pt", record)
+    writer.submit(tmp_path / "data_1.pt", refused)
+    with pytest.raises(ValueError, match=r"^line 8 \(data_1.pt\): refusing to write it$"):
+        writer.close()
+    assert made_on and made_on[0].startswith("specshim-writer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data_0.pt"]

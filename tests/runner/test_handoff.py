@@ -101,7 +101,7 @@ def test_buffers_of_processes_that_are_gone_are_removed(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("kind", "handoff_option", "tensor_parallel_size", "chosen"),
     [
-        ("cuda", "auto", 1, "shm"),
+        ("cuda", "auto", 1, "ipc"),
         ("cuda", "auto", 8, "rpc"),  # not yet measured under tensor parallelism
         ("cuda", "ipc", 8, "ipc"),
         ("cuda", "rpc", 1, "rpc"),
@@ -110,7 +110,7 @@ def test_buffers_of_processes_that_are_gone_are_removed(tmp_path) -> None:
         ("cpu", "shm", 1, "shm"),
     ],
 )
-def test_auto_is_shm_on_one_cuda_device_only(
+def test_auto_is_ipc_on_one_cuda_device_only(
     monkeypatch, kind, handoff_option, tensor_parallel_size, chosen
 ) -> None:
     """The accelerator is faked (``hardware.detect``): the choice, not the device, is tested."""

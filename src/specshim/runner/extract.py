@@ -18,6 +18,7 @@ the folder always holds exactly one file per current row.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -295,7 +296,8 @@ def _checked(
 ) -> dict[str, Any]:
     """The sample's record, once its states are what the row asks for: the same token ids,
     one state per token in every layer, finite, and not all zero (a layer vLLM did not
-    really run, as with hybrid targets: speculators #613)."""
+    really run, as with hybrid targets: speculators #613). Called on a writer thread, just
+    before the file is written (:meth:`files.BackgroundWriter.submit`)."""
     import torch
 
     ids = sample.input_ids[:limit]
@@ -437,8 +439,10 @@ def _run(
                     batch = todo[start : start + batch_size]
                     results = generator.generate([s.input_ids for s in batch])
                     for sample, result in zip(batch, results, strict=True):
-                        record = _checked(result, sample, limit, generator.layer_ids)
-                        writer.submit(out / sample_file(sample), record, prints[sample.index])
+                        check = functools.partial(
+                            _checked, result, sample, limit, generator.layer_ids
+                        )  # on a writer thread: 1.2 of 4.7 s of this loop on the H200
+                        writer.submit(out / sample_file(sample), check, prints[sample.index])
                     bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
         except Exception:
             if not pressed:
@@ -540,17 +544,15 @@ def _generator(
     The states leave the worker the ``handoff`` way (:mod:`specshim.runner.handoff`). A start
     that fails is one line; vLLM's log above it has the details.
 
-    vLLM's executor sets this process's torch to the workers' thread count (one, measured on
-    the H200) so that a forked worker inherits it; the workers run by then, so it is set back:
-    the copies and checks of every sample run here (1.5 of 6.1 s of an extraction on one
-    thread, docs/benchmarks.md section 6).
+    vLLM's executor leaves this process's torch on one thread. Setting it back to the cores'
+    count was measured on the H200 and made extraction slower, not faster (the guards 4.8 s
+    instead of 1.2 s, the shared-memory copies 17.5 s instead of 3.9 s: sixteen OpenMP
+    threads beside vLLM's worker and the four writer threads), so it stays.
     """
-    import torch
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
 
-    threads = torch.get_num_threads()
     try:
         generator = VllmHiddenStatesGenerator(
             model,
@@ -561,8 +563,6 @@ def _generator(
     except Exception as exc:  # whatever vLLM raised: the user gets its first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ExtractionError(f"vLLM could not start {model}: {first}") from exc
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
     try:
         handoffs.use(generator, handoff)
         yield generator

@@ -118,16 +118,21 @@ class Ledger:
             f.write(json.dumps(asdict(entry)) + "\n")
 
 
+class WriteError(RuntimeError):
+    """A file :class:`BackgroundWriter` was handed could not be written."""
+
+
 class BackgroundWriter:
     """``save_torch`` on background threads, so that writing (fsync included, two thirds of a
     write's time) overlaps the next batch's extraction.
 
     Several threads, since one file's fsync leaves the disk waiting: on the H200's disk one
-    thread wrote 0.62 GB/s (docs/benchmarks.md, "Extraction on a GPU"). Files are written in
-    any order; each is whole or absent. At most ``depth`` records wait to be written, which
-    bounds memory. The first failed write is raised by the next ``submit`` or by ``close``,
-    and nothing more is written after it; ``close`` (also on leaving a ``with`` block, even by
-    an exception) waits for every submitted write, so whatever was handed over is on disk,
+    thread wrote 0.62 GB/s, four 1.2 GB/s (docs/benchmarks.md, "Extraction on a GPU"). Files
+    are written in any order; each is whole or absent. At most ``depth`` records wait to be
+    written, which bounds memory. The first failure is raised by the next ``submit`` or by
+    ``close`` (a failed write as :class:`WriteError`, what a ``make`` function raised as it
+    is), and nothing more is written after it; ``close`` (also on leaving a ``with`` block, even
+    by an exception) waits for every submitted write, so whatever was handed over is on disk,
     complete, before the caller goes on. With a ``ledger``, each write that was given a
     fingerprint is recorded there once the file is in place.
     """
@@ -144,9 +149,13 @@ class BackgroundWriter:
     def _write(self, path: Path, obj: Any, fingerprint: str | None) -> None:
         try:
             if self._error is None:
-                save_torch(path, obj)
-                if self._ledger is not None and fingerprint is not None:
-                    self._ledger.record(path, fingerprint)
+                record = obj() if callable(obj) else obj
+                try:
+                    save_torch(path, record)
+                    if self._ledger is not None and fingerprint is not None:
+                        self._ledger.record(path, fingerprint)
+                except Exception as exc:  # a failed write, whatever raised it
+                    raise WriteError(f"writing extracted samples failed: {exc}") from exc
         except BaseException as exc:  # noqa: BLE001 handed to the caller's thread
             with self._error_lock:
                 self._error = self._error or exc
@@ -155,9 +164,12 @@ class BackgroundWriter:
 
     def _raise(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"writing extracted samples failed: {self._error}") from self._error
+            raise self._error
 
     def submit(self, path: Path, obj: Any, fingerprint: str | None = None) -> None:
+        """Write ``obj`` to ``path``; ``obj`` may be a function of no arguments that returns
+        what to write, called on a writer thread: checks that may refuse a record run there,
+        off the caller's thread."""
         self._raise()
         self._slots.acquire()  # waits while ``depth`` records are pending
         self._pool.submit(self._write, path, obj, fingerprint)

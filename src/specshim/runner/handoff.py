@@ -9,15 +9,19 @@ prefill. :func:`use` switches one generator's worker to another reply, of the sa
 ``ipc``
     CUDA IPC handles (``torch.multiprocessing``'s own reduction): the caller maps the worker's
     GPU memory without a copy, and the generator's ``.clone().cpu()`` reads it from the GPU,
-    one sample and layer at a time. Measured on the H200 (docs/benchmarks.md section 6): the
-    generator 5.7 times faster than the RPC; then those small copies were most of the time.
+    one sample and layer at a time. The worker keeps one batch of states more on the GPU.
 ``shm``
     Shared host memory: the worker copies the whole batch into one file in ``/dev/shm``
     (page-locked on a CUDA device, so the copy is one DMA burst), and replies with offsets;
     the caller maps the same file once and the generator's copies are host memory copies.
+    Nothing stays on the GPU, and it works on the CPU and without CUDA IPC.
 
+Measured on the H200 (16 x 2048 Llama, 512 x 512 tokens, ``specshim extract`` in one run,
+docs/benchmarks.md section 6): ``ipc`` 56,152 tokens/s, ``shm`` 50,641, the RPC (an earlier
+run) 8,170; what is left is the generator's own per-sample copies in the caller. On vLLM's CPU
+worker (128-wide model) the RPC is a few percent of the time, and ``shm`` saves part of it.
 Either way the tensors are the worker's own, so the data is bit for bit what the RPC path
-delivers (tests/runner/test_handoff.py on vLLM's CPU worker, tests/gpu on the H200).
+delivers (tests/e2e/test_extraction.py on vLLM's CPU worker, tests/gpu on the H200).
 
 Contract: the worker keeps what it shared until its next ``_get_captured_states``; the
 generator has cloned every sample by then (both speculators releases do). Scoped to one
@@ -40,8 +44,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: How the states may leave the worker: ``auto`` picks ``shm`` on one CUDA device and ``rpc``
-#: (speculators' own way) elsewhere; on the CPU the RPC path is near the engine's speed.
+#: How the states may leave the worker: ``auto`` picks ``ipc`` on one CUDA device (the fastest
+#: there, module docstring) and ``rpc`` (speculators' own way) elsewhere.
 CHOICES = ("auto", "rpc", "ipc", "shm")
 #: Where the ``shm`` buffers live: a tmpfs, so "writing" them is filling memory.
 SHARED_MEMORY = Path("/dev/shm")
@@ -321,8 +325,8 @@ def choose(handoff: str, tensor_parallel_size: int = 1) -> str:
     or ``ipc`` where torch sees no CUDA device, is refused with one line (``ValueError``).
 
     ``auto`` keeps the RPC path under tensor parallelism (not yet measured there; ask for
-    ``shm`` to try it) and on the CPU. Asks torch, not vLLM, so that it runs before vLLM's
-    settings are chosen.
+    ``ipc`` or ``shm`` to try it) and on the CPU. Asks torch, not vLLM, so that it runs
+    before vLLM's settings are chosen.
     """
     from specshim import hardware
 
@@ -332,7 +336,7 @@ def choose(handoff: str, tensor_parallel_size: int = 1) -> str:
     if handoff == "ipc" and not on_cuda:
         raise ValueError("--handoff ipc needs vLLM on a CUDA device; use rpc or shm here")
     if handoff == "auto":
-        return "shm" if on_cuda and tensor_parallel_size == 1 else "rpc"
+        return "ipc" if on_cuda and tensor_parallel_size == 1 else "rpc"
     return handoff
 
 
