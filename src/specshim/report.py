@@ -18,6 +18,54 @@ from specshim.adapters import registry
 from specshim.adapters.targets import GENERATOR, WORKER
 
 SCHEMA_VERSION = 1
+#: vLLM's own hidden-state extraction (speculators >= 0.5 generates data through it): the
+#: speculative method's proposer and the connector that writes the files, as installed.
+NATIVE_MODULES = (
+    "vllm.v1.spec_decode.extract_hidden_states",
+    "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+)
+#: The first vLLM with it (vLLM PR #33736) and the speculators that read what it writes.
+NATIVE_SINCE = "0.18.0"
+NATIVE_READER = "speculators>=0.5"
+
+
+@dataclass(frozen=True)
+class NativePath:
+    """Whether vLLM's own ``extract_hidden_states`` path is installed, read from the code."""
+
+    available: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        reader = NATIVE_READER if self.available else None
+        return {"available": self.available, "reader": reader, "detail": self.detail}
+
+
+def native_path(vllm: versions.Installed) -> NativePath:
+    """What the installed vLLM offers the user who wants to move past speculators 0.3/0.4,
+    with the command to take their data along (docs/migration.md)."""
+    if vllm.version is None:
+        return NativePath(False, "vLLM is not installed")
+    missing = [name for name in NATIVE_MODULES if not _importable(name)]
+    if missing:
+        return NativePath(
+            False,
+            f"not in vLLM {vllm.version} (no {missing[0]}; vLLM's extract_hidden_states came "
+            f"in {NATIVE_SINCE}): speculators' generator with specshim is the way here",
+        )
+    return NativePath(
+        True,
+        f"vLLM {vllm.version} has extract_hidden_states: {NATIVE_READER} generates and reads "
+        "its data; take 0.3/0.4 data along with `specshim convert --data DIR --out NEW` "
+        "(docs/migration.md)",
+    )
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package is missing
+        return False
 
 
 @dataclass(frozen=True)
@@ -27,6 +75,7 @@ class FullReport:
     adapters: engine.Report
     import_error: str | None
     verdict: matrix.Verdict
+    native: NativePath
 
     @property
     def exit_code(self) -> int:
@@ -41,6 +90,7 @@ class FullReport:
             "adapters": self.adapters.to_dict()["adapters"],
             "import_error": self.import_error,
             "verdict": self.verdict.to_dict(),
+            "native_path": self.native.to_dict(),
         }
 
     def to_text(self) -> str:
@@ -58,7 +108,8 @@ class FullReport:
             lines += ["", f"not in force: {names}; speculators would run without them"]
         if self.import_error:
             lines += ["", f"importing speculators' generator failed: {self.import_error}"]
-        lines += ["", f"verdict: {self.verdict.status}: {self.verdict.detail}"]
+        lines += ["", f"native path: {self.native.detail}"]
+        lines.append(f"verdict: {self.verdict.status}: {self.verdict.detail}")  # the last line
         return "\n".join(lines)
 
 
@@ -106,6 +157,12 @@ def build(probe_imports: bool = True) -> FullReport:
         engine.revert()
     # after the probes: naming a GPU initialises CUDA, which they must not find done
     accelerator = hardware.detect()
+    vllm = next(i for i in installed if i.name == "vllm")
     return FullReport(
-        installed, accelerator, adapters, import_error, _verdict(installed, accelerator)
+        installed,
+        accelerator,
+        adapters,
+        import_error,
+        _verdict(installed, accelerator),
+        native_path(vllm),
     )
