@@ -386,13 +386,15 @@ def extract(
     work = plan(out, samples, prints)
     for path in work.stale:
         path.unlink()
-    bar = Progress(total=len(work.todo), visible=progress)
+    extracted: Progress | None = None  # the run's bar: its rate and time go to the summary
     verified = ""
     if work.todo or verify or not _config_current(out, len(samples)):
         with _generator(model, layers, max_model_len, tensor_parallel_size, handoff) as generator:
             files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
             files.Ledger(out / LEDGER).keep(work.kept)
-            bar = _run(generator, out, work.todo, prints, samples, batch_size, limit, progress)
+            extracted = _run(
+                generator, out, work.todo, prints, samples, batch_size, limit, progress
+            )
             _save_data_config(generator, out, data, max_model_len, len(samples))
             if verify:
                 verified = _verify(generator, out, samples, verify, layers)
@@ -407,8 +409,8 @@ def extract(
         resumed=len(work.kept),
         truncated=truncated,
         skipped=[str(e) for e in skipped],
-        tokens_per_second=bar.tokens_per_second,
-        seconds=bar.elapsed,
+        tokens_per_second=extracted.tokens_per_second if extracted else 0.0,
+        seconds=extracted.elapsed if extracted else 0.0,
         redone=work.redone,
         removed=len(work.stale),
         verified=verified,
