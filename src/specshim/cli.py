@@ -41,6 +41,18 @@ class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help_text: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` shows its options' defaults (:class:`DefaultsShown`)."""
+    return commands.add_parser(
+        name, help=help_text, description=description, formatter_class=DefaultsShown
+    )
+
+
 def _report(args: argparse.Namespace) -> int:
     from specshim import report
 
@@ -52,6 +64,17 @@ def _report(args: argparse.Namespace) -> int:
         full = report.build(probe_imports=not args.no_import)
         print(full.to_text())
     return full.exit_code
+
+
+def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser("report", help="versions, accelerator, adapters and the verdict")
+    command.add_argument("--json", action="store_true", help="machine-readable output")
+    command.add_argument(
+        "--no-import",
+        action="store_true",
+        help="do not import speculators' generator (adapters that wait for it stay waiting)",
+    )
+    command.set_defaults(handler=_report)
 
 
 def _layers(text: str) -> list[int]:
@@ -90,6 +113,45 @@ def _extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = _command(commands, "extract", "hidden states through speculators, patched")
+    command.add_argument("--model", required=True, help="verifier model directory or hub id")
+    command.add_argument("--data", required=True, type=Path, help="JSONL (ids or chats) or dataset")
+    command.add_argument("--out", required=True, type=Path, help="output directory (resumable)")
+    _add_layers(
+        command,
+        "distinct speculators layer ids, e.g. 2,16,29,31 (default: speculators' rule "
+        "[2, n/2, n-3, n-1], or the last four layers where that repeats an id)",
+    )
+    command.add_argument(
+        "--max-model-len", type=int, default=2048, help="vLLM's context; longer rows: --truncate"
+    )
+    command.add_argument("--batch-size", type=int, default=8, help="rows per generator call (>= 1)")
+    command.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM workers (>= 1)")
+    command.add_argument(
+        "--truncate", action="store_true", help="truncate rows to --max-model-len - 1 tokens"
+    )
+    command.add_argument("--skip-bad", action="store_true", help="skip and count bad rows")
+    command.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the run, re-extract N random samples one at a time and compare them with "
+        "the batched files (5%% relative norm per token)",
+    )
+    command.add_argument(
+        "--handoff",
+        choices=handoffs.CHOICES,
+        default="auto",
+        help="how the hidden states leave vLLM's worker: speculators' RPC, CUDA IPC (a CUDA "
+        "device only), or one shared host buffer in /dev/shm (the same tensors bit for bit "
+        "each way; docs/benchmarks.md section 6); auto: ipc on one CUDA device, rpc otherwise",
+    )
+    command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
+    command.set_defaults(handler=_extract)
+
+
 def _convert(args: argparse.Namespace) -> int:
     """Convert between speculators 0.3/0.4 and >= 0.5 data; stdout holds only the summary."""
     from specshim.runner import convert
@@ -97,6 +159,25 @@ def _convert(args: argparse.Namespace) -> int:
     summary = convert.convert(args.data, args.out, layers=args.layers)
     print(summary.text())
     return 0
+
+
+def _add_convert(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = _command(
+        commands,
+        "convert",
+        "training data between speculators 0.3/0.4 and >= 0.5 (both ways)",
+        description="Convert speculators 0.3/0.4 data (data_{i}.pt, data_config.json) into "
+        "speculators >= 0.5 data (an Arrow dataset and hidden_states/hs_{i}.safetensors) or "
+        "back; vLLM layer id = speculators 0.3/0.4 id + 1 (docs/migration.md)",
+    )
+    command.add_argument("--data", required=True, type=Path, help="the folder to convert")
+    command.add_argument("--out", required=True, type=Path, help="output folder (resumable)")
+    _add_layers(
+        command,
+        "the source's layer ids in its own numbering, where it records none (>= 0.5 data "
+        "not written by specshim: vLLM's ids, the last layer included, e.g. 3,16,30,32)",
+    )
+    command.set_defaults(handler=_convert)
 
 
 def _vocab(args: argparse.Namespace) -> int:
@@ -107,6 +188,30 @@ def _vocab(args: argparse.Namespace) -> int:
     for path in vocab.build(args.data, args.draft_vocab_size, target, args.out or args.data):
         print(path)
     return 0
+
+
+def _add_vocab(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = _command(commands, "vocab", "d2t.npy / t2d.npy from token_freq.pt")
+    command.add_argument("--data", required=True, type=Path, help="an extraction folder")
+    command.add_argument(
+        "--draft-vocab-size",
+        required=True,
+        type=int,
+        help="tokens the draft predicts: the most frequent loss-masked ones (1 to the target's)",
+    )
+    command.add_argument(
+        "--target-vocab-size",
+        type=int,
+        default=None,
+        help="the verifier's vocabulary size (default: read from --model)",
+    )
+    command.add_argument(
+        "--model", help="read the target vocabulary size from this model (folder or hub id)"
+    )
+    command.add_argument(
+        "--out", type=Path, default=None, help="where d2t.npy/t2d.npy go (default: --data)"
+    )
+    command.set_defaults(handler=_vocab)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -131,6 +236,45 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = _command(commands, "train", "EAGLE-3 draft training through speculators")
+    command.add_argument("--data", required=True, type=Path, help="an extraction folder")
+    command.add_argument("--verifier", required=True, help="the verifier model the data came from")
+    command.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="a new or empty folder for checkpoints and train_log.json (one run a folder)",
+    )
+    command.add_argument(
+        "--vocab", type=Path, default=None, help="folder of d2t.npy/t2d.npy (default: --data)"
+    )
+    command.add_argument("--epochs", type=int, default=3, help="epochs to train in all (>= 1)")
+    command.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (> 0)")
+    command.add_argument(
+        "--max-len", type=int, default=1024, help="tokens packed into a step (>= 1)"
+    )
+    command.add_argument("--num-layers", type=int, default=1, help="draft decoder layers (>= 1)")
+    command.add_argument(
+        "--ttt-steps", type=int, default=3, help="draft steps unrolled per position (>= 1)"
+    )
+    command.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    command.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out after its last checkpoint (same settings)",
+    )
+    command.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="remove the run in --out (checkpoints, log, exports) and start over",
+    )
+    command.add_argument(
+        "--dtype", default="float32", help="float32 or bfloat16 (model and states)"
+    )
+    command.set_defaults(handler=_train)
+
+
 def _snapshot(args: argparse.Namespace) -> int:
     from specshim import contracts
 
@@ -139,6 +283,25 @@ def _snapshot(args: argparse.Namespace) -> int:
     contracts.save(out, data)
     print(out)
     return 0
+
+
+def _add_snapshot(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser("snapshot", help="record the vLLM facts the adapters rely on")
+    command.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"default {SNAPSHOTS_IN_CHECKOUT}/vllm-V.json (a checkout's shipped snapshots)",
+    )
+    command.add_argument(
+        "--speculators",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder holding a speculators release (repeat): record every probe's decision",
+    )
+    command.set_defaults(handler=_snapshot)
 
 
 def _triage_baseline(args: argparse.Namespace) -> Path:
@@ -193,6 +356,25 @@ def _triage(args: argparse.Namespace) -> int:
     return 1 if needs_a_human else 0
 
 
+def _add_triage(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser("triage", help="diff this vLLM against the nearest snapshot")
+    command.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a snapshot to compare with (default: the one in --contracts nearest this vLLM)",
+    )
+    command.add_argument(
+        "--contracts",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="recorded snapshots, vllm-*.json (default: the ones shipped with specshim)",
+    )
+    command.set_defaults(handler=_triage)
+
+
 def _eval(args: argparse.Namespace) -> int:
     from specshim.runner import evaluate, export
     from specshim.testbed import learnable
@@ -221,6 +403,29 @@ def _eval(args: argparse.Namespace) -> int:
     return 0 if result.identical else 1
 
 
+def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = _command(commands, "eval", "acceptance of a draft in vLLM's EAGLE-3 decoding")
+    command.add_argument("--verifier", required=True, help="the verifier model folder (or hub id)")
+    command.add_argument("--draft", type=Path, required=True, help="training or exported folder")
+    command.add_argument(
+        "--data", type=Path, default=None, help="the extraction folder (layer ids)"
+    )
+    command.add_argument("--prompts", type=Path, default=None, help="one prompt a line")
+    command.add_argument("--k", type=int, default=3, help="speculative tokens per step")
+    command.add_argument("--max-tokens", type=int, default=48, help="tokens generated per prompt")
+    command.add_argument("--max-model-len", type=int, default=256, help="vLLM's context")
+    command.add_argument(
+        "--layer-shift",
+        type=int,
+        default=1,
+        help="serving id = generator id + shift; 1 is consistent, 0 reads one layer early",
+    )
+    command.add_argument(
+        "--out", type=Path, default=None, help="where eval.json goes (default: beside the draft)"
+    )
+    command.set_defaults(handler=_eval)
+
+
 def _run(args: argparse.Namespace) -> int:
     from specshim.runner import pipeline
 
@@ -230,213 +435,46 @@ def _run(args: argparse.Namespace) -> int:
     return pipeline.run(settings)
 
 
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = _command(commands, "run", "the whole pipeline on a built-in tiny verifier")
+    command.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs/default"),
+        help="everything goes here; a rerun reuses the verifier and the extracted states",
+    )
+    command.add_argument("--max-model-len", type=int, default=256, help="vLLM's context")
+    command.add_argument(
+        "--verifier-seconds", type=float, default=180.0, help="training time of the verifier"
+    )
+    command.add_argument("--samples", type=int, default=300, help="rows extracted for training")
+    command.add_argument("--epochs", type=int, default=3, help="draft training epochs")
+    command.set_defaults(handler=_run)
+
+
+#: The commands in the order ``specshim --help`` lists them: each ``_add_<name>`` (beside its
+#: handler above) declares one command's options.
+COMMANDS = (
+    _add_report,
+    _add_extract,
+    _add_convert,
+    _add_vocab,
+    _add_train,
+    _add_snapshot,
+    _add_triage,
+    _add_eval,
+    _add_run,
+)
+
+
 def parser() -> argparse.ArgumentParser:
     import specshim
 
     root = argparse.ArgumentParser(prog="specshim", description=__doc__)
     root.add_argument("--version", action="version", version=f"specshim {specshim.__version__}")
     commands = root.add_subparsers(dest="command", required=True)
-    rep = commands.add_parser("report", help="versions, accelerator, adapters and the verdict")
-    rep.add_argument("--json", action="store_true", help="machine-readable output")
-    rep.add_argument(
-        "--no-import",
-        action="store_true",
-        help="do not import speculators' generator (adapters that wait for it stay waiting)",
-    )
-    rep.set_defaults(handler=_report)
-
-    ext = commands.add_parser(
-        "extract", help="hidden states through speculators, patched", formatter_class=DefaultsShown
-    )
-    ext.add_argument("--model", required=True, help="verifier model directory or hub id")
-    ext.add_argument("--data", required=True, type=Path, help="JSONL (ids or chats) or dataset")
-    ext.add_argument("--out", required=True, type=Path, help="output directory (resumable)")
-    _add_layers(
-        ext,
-        "distinct speculators layer ids, e.g. 2,16,29,31 (default: speculators' rule "
-        "[2, n/2, n-3, n-1], or the last four layers where that repeats an id)",
-    )
-    ext.add_argument(
-        "--max-model-len", type=int, default=2048, help="vLLM's context; longer rows: --truncate"
-    )
-    ext.add_argument("--batch-size", type=int, default=8, help="rows per generator call (>= 1)")
-    ext.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM workers (>= 1)")
-    ext.add_argument(
-        "--truncate", action="store_true", help="truncate rows to --max-model-len - 1 tokens"
-    )
-    ext.add_argument("--skip-bad", action="store_true", help="skip and count bad rows")
-    ext.add_argument(
-        "--verify",
-        type=int,
-        default=0,
-        metavar="N",
-        help="after the run, re-extract N random samples one at a time and compare them with "
-        "the batched files (5%% relative norm per token)",
-    )
-    ext.add_argument(
-        "--handoff",
-        choices=handoffs.CHOICES,
-        default="auto",
-        help="how the hidden states leave vLLM's worker: speculators' RPC, CUDA IPC (a CUDA "
-        "device only), or one shared host buffer in /dev/shm (the same tensors bit for bit "
-        "each way; docs/benchmarks.md section 6); auto: ipc on one CUDA device, rpc otherwise",
-    )
-    ext.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
-    ext.set_defaults(handler=_extract)
-
-    conv = commands.add_parser(
-        "convert",
-        help="training data between speculators 0.3/0.4 and >= 0.5 (both ways)",
-        description="Convert speculators 0.3/0.4 data (data_{i}.pt, data_config.json) into "
-        "speculators >= 0.5 data (an Arrow dataset and hidden_states/hs_{i}.safetensors) or "
-        "back; vLLM layer id = speculators 0.3/0.4 id + 1 (docs/migration.md)",
-        formatter_class=DefaultsShown,
-    )
-    conv.add_argument("--data", required=True, type=Path, help="the folder to convert")
-    conv.add_argument("--out", required=True, type=Path, help="output folder (resumable)")
-    _add_layers(
-        conv,
-        "the source's layer ids in its own numbering, where it records none (>= 0.5 data "
-        "not written by specshim: vLLM's ids, the last layer included, e.g. 3,16,30,32)",
-    )
-    conv.set_defaults(handler=_convert)
-
-    voc = commands.add_parser(
-        "vocab",
-        help="d2t.npy / t2d.npy from token_freq.pt",
-        formatter_class=DefaultsShown,
-    )
-    voc.add_argument("--data", required=True, type=Path, help="an extraction folder")
-    voc.add_argument(
-        "--draft-vocab-size",
-        required=True,
-        type=int,
-        help="tokens the draft predicts: the most frequent loss-masked ones (1 to the target's)",
-    )
-    voc.add_argument(
-        "--target-vocab-size",
-        type=int,
-        default=None,
-        help="the verifier's vocabulary size (default: read from --model)",
-    )
-    voc.add_argument(
-        "--model", help="read the target vocabulary size from this model (folder or hub id)"
-    )
-    voc.add_argument(
-        "--out", type=Path, default=None, help="where d2t.npy/t2d.npy go (default: --data)"
-    )
-    voc.set_defaults(handler=_vocab)
-
-    trn = commands.add_parser(
-        "train",
-        help="EAGLE-3 draft training through speculators",
-        formatter_class=DefaultsShown,
-    )
-    trn.add_argument("--data", required=True, type=Path, help="an extraction folder")
-    trn.add_argument("--verifier", required=True, help="the verifier model the data came from")
-    trn.add_argument(
-        "--out",
-        required=True,
-        type=Path,
-        help="a new or empty folder for checkpoints and train_log.json (one run a folder)",
-    )
-    trn.add_argument(
-        "--vocab", type=Path, default=None, help="folder of d2t.npy/t2d.npy (default: --data)"
-    )
-    trn.add_argument("--epochs", type=int, default=3, help="epochs to train in all (>= 1)")
-    trn.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (> 0)")
-    trn.add_argument("--max-len", type=int, default=1024, help="tokens packed into a step (>= 1)")
-    trn.add_argument("--num-layers", type=int, default=1, help="draft decoder layers (>= 1)")
-    trn.add_argument(
-        "--ttt-steps", type=int, default=3, help="draft steps unrolled per position (>= 1)"
-    )
-    trn.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    trn.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out after its last checkpoint (same settings)",
-    )
-    trn.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="remove the run in --out (checkpoints, log, exports) and start over",
-    )
-    trn.add_argument("--dtype", default="float32", help="float32 or bfloat16 (model and states)")
-    trn.set_defaults(handler=_train)
-
-    snap = commands.add_parser("snapshot", help="record the vLLM facts the adapters rely on")
-    snap.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help=f"default {SNAPSHOTS_IN_CHECKOUT}/vllm-V.json (a checkout's shipped snapshots)",
-    )
-    snap.add_argument(
-        "--speculators",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a folder holding a speculators release (repeat): record every probe's decision",
-    )
-    snap.set_defaults(handler=_snapshot)
-
-    tri = commands.add_parser("triage", help="diff this vLLM against the nearest snapshot")
-    tri.add_argument(
-        "--against",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="a snapshot to compare with (default: the one in --contracts nearest this vLLM)",
-    )
-    tri.add_argument(
-        "--contracts",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="recorded snapshots, vllm-*.json (default: the ones shipped with specshim)",
-    )
-    tri.set_defaults(handler=_triage)
-
-    ev = commands.add_parser(
-        "eval",
-        help="acceptance of a draft in vLLM's EAGLE-3 decoding",
-        formatter_class=DefaultsShown,
-    )
-    ev.add_argument("--verifier", required=True, help="the verifier model folder (or hub id)")
-    ev.add_argument("--draft", type=Path, required=True, help="training or exported folder")
-    ev.add_argument("--data", type=Path, default=None, help="the extraction folder (layer ids)")
-    ev.add_argument("--prompts", type=Path, default=None, help="one prompt a line")
-    ev.add_argument("--k", type=int, default=3, help="speculative tokens per step")
-    ev.add_argument("--max-tokens", type=int, default=48, help="tokens generated per prompt")
-    ev.add_argument("--max-model-len", type=int, default=256, help="vLLM's context")
-    ev.add_argument(
-        "--layer-shift",
-        type=int,
-        default=1,
-        help="serving id = generator id + shift; 1 is consistent, 0 reads one layer early",
-    )
-    ev.add_argument(
-        "--out", type=Path, default=None, help="where eval.json goes (default: beside the draft)"
-    )
-    ev.set_defaults(handler=_eval)
-
-    run = commands.add_parser(
-        "run", help="the whole pipeline on a built-in tiny verifier", formatter_class=DefaultsShown
-    )
-    run.add_argument(
-        "--workdir",
-        type=Path,
-        default=Path("runs/default"),
-        help="everything goes here; a rerun reuses the verifier and the extracted states",
-    )
-    run.add_argument("--max-model-len", type=int, default=256, help="vLLM's context")
-    run.add_argument(
-        "--verifier-seconds", type=float, default=180.0, help="training time of the verifier"
-    )
-    run.add_argument("--samples", type=int, default=300, help="rows extracted for training")
-    run.add_argument("--epochs", type=int, default=3, help="draft training epochs")
-    run.set_defaults(handler=_run)
+    for add in COMMANDS:
+        add(commands)
     return root
 
 
