@@ -29,6 +29,12 @@ def shown(adapter: Adapter) -> str:
     return f"Not observable here:** {adapter.unobservable}"
 
 
+def reads(adapter: Adapter) -> str:
+    """The note's line of upstream facts the probe reads (``specshim triage`` diffs them)."""
+    found = ", ".join(f"`{fact.key}`" for fact in adapter.facts)
+    return found or "none declared (`specshim snapshot` records no fact for it)"
+
+
 def phase_doc(module: ModuleType) -> str:
     """The first sentence of the phase's docstring (its sub-package of ``adapters``)."""
     phase = importlib.import_module(module.__name__.rsplit(".", 1)[0])
@@ -50,6 +56,7 @@ def note(adapter: Adapter) -> str:
 - **Delete when:** {adapter.remove_when}
 - **Applies once imported:** {", ".join(f"`{m}`" for m in adapter.waits_for)}
 - **Requires:** {requires}
+- **Reads upstream:** {reads(adapter)}
 - **Phase:** `{module.__name__.rsplit(".", 2)[1]}` ({phase_doc(module)})
 - **Code:** `src/{module.__name__.replace(".", "/")}.py`
 - **{shown(adapter)}

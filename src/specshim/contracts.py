@@ -1,8 +1,9 @@
 """Snapshots of the upstream facts the adapters rely on, and the diff between two of them.
 
 A *fact* is one thing read from the installed vLLM: a signature, whether an attribute exists,
-a dataclass's fields, a marker in a docstring or source. Each fact names the adapters that read
-it. ``specshim snapshot`` records them all as JSON (``vllm-<version>.json``, shipped in
+a dataclass's fields, a marker in a docstring or source. Each adapter declares the facts its
+probe reads (``Adapter.facts``, :class:`specshim.adapters.model.Fact`); :data:`READERS`
+gathers them, with the adapters that read each. ``specshim snapshot`` records them all as JSON (``vllm-<version>.json``, shipped in
 ``specshim/data/contracts``); ``specshim triage`` snapshots the installed vLLM, diffs it
 against the nearest recorded snapshot and says which facts moved, which adapters read them,
 and which moved facts no adapter covers: a new nightly triaged in a minute.
@@ -31,86 +32,29 @@ from typing import Any
 
 from specshim import data as shipped_data
 from specshim import versions
+from specshim.adapters import registry
+from specshim.adapters.model import Fact, facts
+from specshim.adapters.targets import KV_UTILS
 
 SCHEMA = 1
-KV_UTILS = "vllm.v1.core.kv_cache_utils"
-EXECUTOR = "vllm.v1.executor.multiproc_executor:MultiprocExecutor"
-PLANNING = "vllm.v1.core.kv_cache_planning"
-PLANNER_NAMES = (
-    "_get_kv_cache_groups_uniform_spec",
-    "get_kv_cache_config_from_groups",
-    "unify_hybrid_kv_cache_specs",
-)
-V2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+
+#: What specshim relies on beyond its adapters' facts: its vLLM plugin's entry-point group.
+OWN_FACTS = facts("exists", "vllm.plugins:DEFAULT_PLUGINS_GROUP")
 
 
-@dataclass(frozen=True)
-class Fact:
-    """``kind`` of ``target`` (``module:qualname``), read by ``adapters``."""
-
-    kind: str  # "signature", "exists", "fields", "doc", "source", "returns"
-    target: str
-    adapters: tuple[str, ...]
-    marker: str = ""  # for "doc" and "source": the text whose presence is recorded
-
-    @property
-    def key(self) -> str:
-        return f"{self.kind}:{self.target}" + (f"[{self.marker}]" if self.marker else "")
+def _readers() -> dict[Fact, tuple[str, ...]]:
+    """Every fact a snapshot records, with the adapters whose probes read it (each adapter
+    declares its own: ``Adapter.facts``), in registry order."""
+    found: dict[Fact, tuple[str, ...]] = {fact: () for fact in OWN_FACTS}
+    for adapter in registry.ADAPTERS:
+        for fact in adapter.facts:
+            found[fact] = (*found.get(fact, ()), adapter.name)
+    return found
 
 
-def _facts(kind: str, adapters: tuple[str, ...], *targets: str, marker: str = "") -> list[Fact]:
-    return [Fact(kind, t, adapters, marker) for t in targets]
-
-
-FACTS: tuple[Fact, ...] = (
-    *_facts("signature", ("kv_cache_config",), f"{KV_UTILS}:get_kv_cache_config_from_groups"),
-    *_facts("exists", ("scheduler_block_size",), f"{KV_UTILS}:resolve_kv_cache_block_sizes"),
-    *_facts(
-        "signature", ("scheduler_block_size",), "vllm.v1.core.sched.scheduler:Scheduler.__init__"
-    ),
-    *_facts("fields", ("scheduler_config_encoder_decoder",), "vllm.config:SchedulerConfig"),
-    *_facts("signature", ("request_eos_token_id",), "vllm.v1.request:Request.__init__"),
-    *_facts("signature", ("rpc_reply_shape",), f"{EXECUTOR}.collective_rpc"),
-    *_facts(
-        "doc",
-        ("rpc_reply_shape",),
-        f"{EXECUTOR}.collective_rpc",
-        marker="Returns single result if unique_reply_rank",
-    ),
-    *_facts("exists", ("sample_tokens_split",), f"{EXECUTOR}.sample_tokens"),
-    *_facts("exists", ("warmup_split",), f"{EXECUTOR}.compile_or_warm_up_model"),
-    *_facts(
-        "source",
-        ("warmup_split",),
-        f"{EXECUTOR}.initialize_from_config",
-        marker="compile_or_warm_up_model",
-    ),
-    *_facts("exists", ("kv_cache_layout",), f"{EXECUTOR}.set_kv_cache_layout"),
-    *_facts("signature", ("kv_cache_layout",), f"{EXECUTOR}.set_kv_cache_layout"),
-    *_facts(
-        "exists",
-        ("kv_cache_planner_moved",),
-        *(f"{PLANNING}:{name}" for name in PLANNER_NAMES),
-    ),
-    *_facts("fields", ("extensible_kv_cache_off",), "vllm.config:CacheConfig"),
-    *_facts("exists", ("worker_batch_order_v2",), f"{V2_RUNNER}.input_batch"),
-    *_facts("exists", ("worker_batch_order_v2",), V2_RUNNER),
-    *_facts(
-        "exists", ("kv_cache_layout",), "vllm.v1.attention.backends.utils:resolve_kv_cache_layout"
-    ),
-    *_facts(
-        "returns",
-        ("attention_block_size",),
-        "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_kernel_block_sizes",
-    ),
-    *_facts(
-        "exists",
-        ("worker_embed_input_ids",),
-        "vllm.model_executor.models.llama:LlamaModel.get_input_embeddings",
-        "vllm.model_executor.models.llama:LlamaModel.embed_input_ids",
-    ),
-    *_facts("exists", (), "vllm.plugins:DEFAULT_PLUGINS_GROUP"),
-)
+#: Fact -> the adapters that read it.
+READERS = _readers()
+FACTS = tuple(READERS)
 
 
 #: Modules speculators imports names from, and the adapters that keep those names resolving.
@@ -212,7 +156,7 @@ def snapshot(speculators_paths: list[Path] | None = None) -> dict[str, Any]:
     paths = speculators_paths or []
     roots: list[Path | None] = [path / "speculators" for path in paths] or [None]
     found = sorted({name for root in roots for name in consumer_imports(root)})
-    imports = {name: _read(Fact("exists", name, ())) for name in found}
+    imports = {name: _read(Fact("exists", name)) for name in found}
     decided = [decisions(path) for path in paths]
     return {
         "schema": SCHEMA,
@@ -262,7 +206,7 @@ class Change:
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
     """The facts and speculators imports that differ between two snapshots."""
-    owners = {fact.key: fact.adapters for fact in FACTS}
+    owners = {fact.key: readers for fact, readers in READERS.items()}
     for snapshot in (old, new):
         for name in snapshot.get("speculators_imports", {}):
             owners[name] = IMPORT_OWNERS.get(name.partition(":")[0], ())

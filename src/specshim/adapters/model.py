@@ -54,6 +54,31 @@ class UnknownShape(Exception):
         self.found = found
 
 
+@dataclass(frozen=True)
+class Fact:
+    """One thing a probe reads from the installed upstream code: ``kind`` of ``target``
+    (``module:qualname``). ``specshim snapshot`` records every adapter's facts and
+    ``specshim triage`` says which moved, and whose they are (:mod:`specshim.contracts`).
+
+    Kinds: ``exists``; ``signature``; ``fields`` (a dataclass's); ``doc`` and ``source``
+    (whether ``marker`` is in its docstring or its source); ``returns`` (what calling it
+    gives).
+    """
+
+    kind: str
+    target: str
+    marker: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.target}" + (f"[{self.marker}]" if self.marker else "")
+
+
+def facts(kind: str, *targets: str, marker: str = "") -> tuple[Fact, ...]:
+    """One :class:`Fact` of ``kind`` for each target."""
+    return tuple(Fact(kind, target, marker) for target in targets)
+
+
 @dataclass
 class Patch:
     """Set ``owner.name = new`` and remember exactly what was there, to put it back.
@@ -114,7 +139,7 @@ class Adapter:
     (or a test function, for all its cases) that fail or get wrong data without it, or, where
     no test here can, ``unobservable``: why, and what would show it. Exactly one of the two
     (tests/test_patch_notes.py checks it, and that every id is a collected test); the patch
-    notes quote them.
+    notes quote them. ``facts`` are the upstream facts its probe reads (:class:`Fact`).
     """
 
     name: str
@@ -128,6 +153,8 @@ class Adapter:
     requires: tuple[str, ...] = ()
     evidence: tuple[str, ...] = ()
     unobservable: str = ""
+    #: What the probe reads from upstream, for ``specshim snapshot`` and ``triage``.
+    facts: tuple[Fact, ...] = ()
 
     @property
     def distribution_roots(self) -> tuple[str, ...]:

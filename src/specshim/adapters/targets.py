@@ -1,4 +1,5 @@
-"""Module paths of the speculators code we adapt (the consumer side), and its generator class."""
+"""Module paths of the speculators code we adapt (the consumer side), its generator class, and
+the vLLM targets several adapters' facts name."""
 
 from typing import Any
 
@@ -12,6 +13,9 @@ SPECULATORS_CONFIG = "speculators.config"
 EAGLE3_CONFIG = "speculators.models.eagle3.config"
 EAGLE3_ATTENTION = "speculators.models.eagle3.attention"
 CHECKPOINTER = "speculators.train.checkpointer"
+#: vLLM: the executor speculators' generator drives, and the KV-cache helpers it calls.
+EXECUTOR = "vllm.v1.executor.multiproc_executor:MultiprocExecutor"
+KV_UTILS = "vllm.v1.core.kv_cache_utils"
 
 
 def generator_class() -> Any:

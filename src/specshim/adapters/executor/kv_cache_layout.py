@@ -16,8 +16,8 @@ from typing import Any
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.kit import module, parameters, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.targets import EXECUTOR, GENERATOR
 
 LAYOUT_UTILS = "vllm.v1.attention.backends.utils"
 INTERLEAVE = "cp_kv_cache_interleave_size"
@@ -65,6 +65,11 @@ ADAPTER = Adapter(
     evidence=(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-kv_cache_layout]",
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-kv_cache_layout]",
+    ),
+    facts=(
+        *facts("exists", f"{EXECUTOR}.set_kv_cache_layout"),
+        *facts("signature", f"{EXECUTOR}.set_kv_cache_layout"),
+        *facts("exists", "vllm.v1.attention.backends.utils:resolve_kv_cache_layout"),
     ),
     probe=probe,
     patches=patches,

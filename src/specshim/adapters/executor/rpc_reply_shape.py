@@ -18,8 +18,8 @@ from typing import Any
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.kit import module, parameters, source, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, needed, not_needed
-from specshim.adapters.targets import GENERATOR, generator_class
+from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, facts, needed, not_needed
+from specshim.adapters.targets import EXECUTOR, GENERATOR, generator_class
 
 #: ``x = self.executor.collective_rpc("method", ..., unique_reply_rank=...)`` then ``x[0]``.
 _INDEXES_REPLY = re.compile(
@@ -84,6 +84,14 @@ ADAPTER = Adapter(
     evidence=(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-rpc_reply_shape]",
         "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-rpc_reply_shape]",
+    ),
+    facts=(
+        *facts("signature", f"{EXECUTOR}.collective_rpc"),
+        *facts(
+            "doc",
+            f"{EXECUTOR}.collective_rpc",
+            marker="Returns single result if unique_reply_rank",
+        ),
     ),
     probe=probe,
     patches=patches,

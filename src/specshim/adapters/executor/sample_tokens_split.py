@@ -25,8 +25,8 @@ from typing import Any
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.kit import module, source, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
-from specshim.adapters.targets import GENERATOR, generator_class
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.targets import EXECUTOR, GENERATOR, generator_class
 
 _PENDING = "_specshim_sampled_output"
 
@@ -79,6 +79,7 @@ ADAPTER = Adapter(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-sample_tokens_split]",
         "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v1-sample_tokens_split]",
     ),
+    facts=facts("exists", f"{EXECUTOR}.sample_tokens"),
     probe=probe,
     patches=patches,
 )

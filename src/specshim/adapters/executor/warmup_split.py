@@ -15,8 +15,8 @@ from typing import Any
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.kit import module, source, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.targets import EXECUTOR, GENERATOR
 
 
 def probe() -> Probe:
@@ -49,6 +49,10 @@ ADAPTER = Adapter(
         "vLLM's CPU worker skips warm-up once a KV cache exists, so the call changes nothing on "
         "the CPU; its effect is on GPU workers of vLLM 0.27+, and CUDA vLLM 0.27+ pins a torch the "
         "lent H200's image lacks"
+    ),
+    facts=(
+        *facts("exists", f"{EXECUTOR}.compile_or_warm_up_model"),
+        *facts("source", f"{EXECUTOR}.initialize_from_config", marker="compile_or_warm_up_model"),
     ),
     probe=probe,
     patches=patches,

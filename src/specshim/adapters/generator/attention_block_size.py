@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specshim.adapters.kit import module, module_source
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import GENERATOR
 
 CPU_BACKEND = "vllm.v1.attention.backends.cpu_attn"
@@ -117,6 +117,7 @@ ADAPTER = Adapter(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-attention_block_size]",
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-attention_block_size]",
     ),
+    facts=facts("returns", f"{CPU_BACKEND}:CPUAttentionBackend.{DECLARATION}"),
     probe=probe,
     patches=patches,
 )

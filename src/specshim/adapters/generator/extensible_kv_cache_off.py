@@ -12,7 +12,7 @@ it to off anyway; the probe decides on the field, not the platform, so GPU runs 
 from __future__ import annotations
 
 from specshim.adapters.kit import calls_with_keyword, module, parameters, with_keywords
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 FIELD = "enable_extensible_kv_cache"
@@ -43,6 +43,7 @@ ADAPTER = Adapter(
         "vLLM resolves the extensible KV cache to off on the CPU; it is on by default only on CUDA "
         "and ROCm from vLLM 0.34, whose CUDA build pins a torch the lent H200's image lacks"
     ),
+    facts=facts("fields", "vllm.config:CacheConfig"),
     probe=probe,
     patches=patches,
 )

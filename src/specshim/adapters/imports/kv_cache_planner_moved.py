@@ -20,21 +20,29 @@ from specshim.adapters.model import (
     Patch,
     Probe,
     UnknownShape,
+    facts,
     needed,
     not_applicable,
     not_needed,
 )
-from specshim.adapters.targets import GENERATOR
+from specshim.adapters.targets import GENERATOR, KV_UTILS
 
-UTILS = "vllm.v1.core.kv_cache_utils"
 PLANNING = "vllm.v1.core.kv_cache_planning"
+#: What vLLM 0.33 moved there that speculators' generator imports.
+PLANNER_NAMES = (
+    "_get_kv_cache_groups_uniform_spec",
+    "get_kv_cache_config_from_groups",
+    "unify_hybrid_kv_cache_specs",
+)
 
 
 def moved_names() -> list[str]:
     """Names the generator imports from ``kv_cache_utils`` that it no longer has."""
     text = module_source(GENERATOR)
-    utils = module(UTILS)
-    return [] if text is None else [n for n in imported_names(text, UTILS) if not hasattr(utils, n)]
+    utils = module(KV_UTILS)
+    return (
+        [] if text is None else [n for n in imported_names(text, KV_UTILS) if not hasattr(utils, n)]
+    )
 
 
 def probe() -> Probe:
@@ -51,20 +59,20 @@ def probe() -> Probe:
     if unresolved:
         raise UnknownShape(
             f"{', '.join(missing)} in {PLANNING} (where vLLM 0.33 moved them)",
-            f"{', '.join(unresolved)} in neither {UTILS} nor {PLANNING}",
+            f"{', '.join(unresolved)} in neither {KV_UTILS} nor {PLANNING}",
         )
     return needed(f"{', '.join(missing)} moved from kv_cache_utils to kv_cache_planning")
 
 
 def patches() -> list[Patch]:
-    utils, planning = module(UTILS), module(PLANNING)
+    utils, planning = module(KV_UTILS), module(PLANNING)
     return [Patch(utils, name, getattr(planning, name)) for name in moved_names()]
 
 
 ADAPTER = Adapter(
     name="kv_cache_planner_moved",
-    targets=(UTILS,),
-    waits_for=(UTILS,),
+    targets=(KV_UTILS,),
+    waits_for=(KV_UTILS,),
     why="vLLM 0.33 moved the KV-cache planner to kv_cache_planning; speculators imports it from "
     "kv_cache_utils",
     upstream="vLLM 0.33.0 vllm/v1/core/kv_cache_planning.py (split out of kv_cache_utils.py)",
@@ -72,6 +80,7 @@ ADAPTER = Adapter(
     evidence=(
         "tests/e2e/test_newest_vllm.py::test_generator_imports_on_0_34_once_the_planner_names_resolve",
     ),
+    facts=facts("exists", *(f"{PLANNING}:{name}" for name in PLANNER_NAMES)),
     probe=probe,
     patches=patches,
 )

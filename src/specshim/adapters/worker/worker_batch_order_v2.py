@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specshim.adapters.kit import module, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import WORKER, WORKER_EXTENSION
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
@@ -110,6 +110,7 @@ ADAPTER = Adapter(
         "tests/e2e/test_without_adapter.py::test_generator_fails_on_model_runner_v2_without[0.4.0.1-worker_batch_order_v2]",
         "tests/e2e/test_without_adapter.py::test_model_runner_v2_returns_wrong_data_without[0.3.0-worker_batch_order_v2]",
     ),
+    facts=facts("exists", f"{V2_RUNNER}:GPUModelRunner.input_batch", f"{V2_RUNNER}:GPUModelRunner"),
     probe=probe,
     patches=patches,
 )

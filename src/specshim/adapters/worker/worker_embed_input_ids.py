@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from specshim.adapters.kit import module, source, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import WORKER, WORKER_EXTENSION
 
 REFERENCE_MODEL = "vllm.model_executor.models.llama"
@@ -56,6 +56,11 @@ ADAPTER = Adapter(
     remove_when="speculators 0.3.0 is no longer supported (0.4 calls embed_input_ids)",
     evidence=(
         "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-worker_embed_input_ids]",
+    ),
+    facts=facts(
+        "exists",
+        f"{REFERENCE_MODEL}:LlamaModel.get_input_embeddings",
+        f"{REFERENCE_MODEL}:LlamaModel.embed_input_ids",
     ),
     probe=probe,
     patches=patches,
