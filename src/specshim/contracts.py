@@ -3,10 +3,11 @@
 A *fact* is one thing read from the installed vLLM: a signature, whether an attribute exists,
 a dataclass's fields, a marker in a docstring or source. Each adapter declares the facts its
 probe reads (``Adapter.facts``, :class:`specshim.adapters.model.Fact`); :data:`READERS`
-gathers them, with the adapters that read each. ``specshim snapshot`` records them all as JSON (``vllm-<version>.json``, shipped in
-``specshim/data/contracts``); ``specshim triage`` snapshots the installed vLLM, diffs it
-against the nearest recorded snapshot and says which facts moved, which adapters read them,
-and which moved facts no adapter covers: a new nightly triaged in a minute.
+gathers them, with the adapters that read each. ``specshim snapshot`` records them all as
+JSON (``vllm-<version>.json``, shipped in ``specshim/data/contracts``); ``specshim triage``
+snapshots the installed vLLM, diffs it against the nearest recorded snapshot and says which
+facts moved, which adapters read them, and which moved facts no adapter covers: a new nightly
+triaged in a minute.
 
 The names speculators' legacy generator and worker import from vLLM are facts too (read from
 their source with ``ast``, without importing speculators), so a module that moved (vLLM 0.33's
@@ -178,11 +179,13 @@ def shipped() -> Path:
 
 
 def save(path: Path, data: dict[str, Any]) -> None:
+    """Write a snapshot as sorted, indented JSON (diffs stay readable)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def load(path: Path) -> dict[str, Any]:
+    """Read a snapshot; a file that is not one is a ``ValueError`` naming it."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -194,12 +197,15 @@ def load(path: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Change:
+    """One fact whose value differs between two snapshots, and who reads it."""
+
     key: str
     before: Any
     after: Any
     adapters: tuple[str, ...]
 
     def line(self) -> str:
+        """``key: before -> after  [adapters]`` (``NO ADAPTER`` when none reads it)."""
         owners = ", ".join(self.adapters) or "NO ADAPTER"
         return f"{self.key}: {self.before!r} -> {self.after!r}  [{owners}]"
 
@@ -237,6 +243,7 @@ class Unhandled:
     reason: str
 
     def line(self) -> str:
+        """The moved fact, with the adapter that did not decide and its state."""
         return f"{self.change.key}  [{self.adapter}: {self.state}: {self.reason}]"
 
 

@@ -30,6 +30,8 @@ STRICT_ENV = "SPECSHIM_STRICT"
 
 
 class State(enum.Enum):
+    """Where an adapter stands after ``apply``; its ``value`` is what ``report`` prints."""
+
     APPLIED = "applied"
     NOT_NEEDED = "not needed"
     NOT_APPLICABLE = "not applicable"
@@ -68,6 +70,8 @@ class ShapeWarning(UserWarning):
 
 @dataclass(frozen=True)
 class AdapterStatus:
+    """One adapter's state and reason, with its why, upstream, removal condition and targets."""
+
     name: str
     state: State
     reason: str
@@ -77,6 +81,7 @@ class AdapterStatus:
     targets: tuple[str, ...]
 
     def to_dict(self) -> dict[str, object]:
+        """The status as ``report --json`` writes it."""
         return {
             "name": self.name,
             "state": self.state.value,
@@ -103,6 +108,7 @@ class Report:
 
     @property
     def applied(self) -> tuple[str, ...]:
+        """Names of the adapters in force, in registry order."""
         return tuple(a.name for a in self.adapters if a.state is State.APPLIED)
 
     @property
@@ -113,9 +119,11 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """True when no selected adapter is out of force (see :attr:`broken`)."""
         return not self.broken
 
     def to_dict(self) -> dict[str, object]:
+        """The report as JSON-ready data."""
         return {"changed": self.changed, "adapters": [a.to_dict() for a in self.adapters]}
 
 

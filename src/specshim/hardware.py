@@ -26,6 +26,8 @@ ARCHITECTURES = {7: "Volta/Turing", 8: "Ampere/Ada", 9: "Hopper", 10: "Blackwell
 
 @dataclass(frozen=True)
 class Accelerator:
+    """What torch sees: the kind, the device name and count, and on CUDA its capability."""
+
     kind: str  # "cuda" or "cpu"
     name: str
     count: int
@@ -34,11 +36,13 @@ class Accelerator:
     torch_build: str | None  # "cpu", "cu130", ...
 
     def describe(self) -> str:
+        """One line for ``report``: ``CPU (x86_64)`` or ``1 x NVIDIA H200 (sm_90, Hopper)``."""
         if self.kind == "cpu":
             return f"CPU ({self.name})"
         return f"{self.count} x {self.name} ({self.compute_capability}, {self.architecture})"
 
     def to_dict(self) -> dict[str, object]:
+        """The accelerator as ``report --json`` writes it."""
         return {
             "kind": self.kind,
             "name": self.name,
@@ -50,6 +54,7 @@ class Accelerator:
 
 
 def architecture(major: int) -> str:
+    """NVIDIA's name for a compute capability's major version (9: Hopper)."""
     return ARCHITECTURES.get(major, f"unknown (sm_{major}x)")
 
 

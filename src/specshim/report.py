@@ -37,6 +37,7 @@ class NativePath:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The native path as ``report --json`` writes it."""
         reader = NATIVE_READER if self.available else None
         return {"available": self.available, "reader": reader, "detail": self.detail}
 
@@ -70,6 +71,8 @@ def _importable(name: str) -> bool:
 
 @dataclass(frozen=True)
 class FullReport:
+    """Everything ``specshim report`` says about this installation."""
+
     installed: list[versions.Installed]
     accelerator: hardware.Accelerator
     adapters: engine.Report
@@ -79,10 +82,13 @@ class FullReport:
 
     @property
     def exit_code(self) -> int:
+        """0 fine; 1 a needed adapter not in force, the generator's import failing, or a
+        combination known broken."""
         broken = self.verdict.status == "tested-fail"
         return 1 if broken or not self.adapters.ok or self.import_error else 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as ``--json`` prints it (``docs/report.schema.json``)."""
         return {
             "schema_version": SCHEMA_VERSION,
             "installed": [i.to_dict() for i in self.installed],
@@ -94,6 +100,7 @@ class FullReport:
         }
 
     def to_text(self) -> str:
+        """The report as ``specshim report`` prints it; the verdict is the last line."""
         lines = ["specshim report", ""]
         for item in self.installed:
             source = f" ({item.distribution})" if item.distribution not in (None, item.name) else ""
@@ -148,6 +155,9 @@ def _verdict(
 
 
 def build(probe_imports: bool = True) -> FullReport:
+    """Apply specshim, import what the adapters wait for (unless not ``probe_imports``), read
+    every adapter's state, then revert what this call applied: the report of this installation.
+    """
     installed = versions.all_installed()
     already_applied = bool(engine.status().applied)
     adapters = engine.apply()

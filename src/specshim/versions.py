@@ -45,17 +45,21 @@ def satisfies(version: Version | str, specifier: str) -> bool:
 
 
 def is_development(version: Version | str) -> bool:
+    """True for a pre-release, a dev release or a git build (``+g<hash>``): a nightly."""
     v = parse(version) if isinstance(version, str) else version
     return v.is_prerelease or v.is_devrelease or str(v.local or "").startswith("g")
 
 
 @dataclass(frozen=True)
 class Installed:
+    """One installed package: its import name, version and the distribution providing it."""
+
     name: str
     version: str | None
     distribution: str | None
 
     def to_dict(self) -> dict[str, str | None]:
+        """As ``report --json`` writes it."""
         return {"name": self.name, "version": self.version, "distribution": self.distribution}
 
 
@@ -89,5 +93,6 @@ def ships_package(distribution: str, package: str) -> bool:
 
 
 def all_installed() -> list[Installed]:
+    """Python, vLLM and every tracked package, as ``report`` lists them."""
     python = Installed("python", platform.python_version(), "cpython")
     return [python, vllm(), *(installed(name) for name in TRACKED)]

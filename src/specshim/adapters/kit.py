@@ -35,6 +35,7 @@ def parameters(func: Callable[..., Any]) -> dict[str, inspect.Parameter]:
 
 
 def source(func: Callable[..., Any]) -> str:
+    """The source of ``func``, unwrapped to the function its decorators wrap."""
     return inspect.getsource(inspect.unwrap(func))
 
 

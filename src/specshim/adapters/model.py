@@ -25,19 +25,24 @@ class Decision(enum.Enum):
 
 @dataclass(frozen=True)
 class Probe:
+    """A probe's answer: its :class:`Decision` and the reason, in words, shown by ``report``."""
+
     decision: Decision
     reason: str
 
 
 def needed(reason: str) -> Probe:
+    """The installed code has the change: apply the adapter."""
     return Probe(Decision.NEEDED, reason)
 
 
 def not_needed(reason: str) -> Probe:
+    """The installed code does not have the change: leave it alone."""
     return Probe(Decision.NOT_NEEDED, reason)
 
 
 def not_applicable(reason: str) -> Probe:
+    """What the adapter bridges is not installed or not used here."""
     return Probe(Decision.NOT_APPLICABLE, reason)
 
 
@@ -71,6 +76,7 @@ class Fact:
 
     @property
     def key(self) -> str:
+        """``kind:target[marker]``: the fact's name in a snapshot."""
         return f"{self.kind}:{self.target}" + (f"[{self.marker}]" if self.marker else "")
 
 
@@ -104,11 +110,13 @@ class Patch:
             setattr(self.owner, self.name, value)
 
     def apply(self) -> None:
+        """Set the new value, remembering the very object it replaces."""
         self._original = self._namespace().get(self.name, _MISSING)
         self._set(self.new)
         self._applied = True
 
     def revert(self) -> None:
+        """Put back the original object (identity), or delete what only was inherited."""
         if not self._applied:
             return
         if self._original is not _MISSING:

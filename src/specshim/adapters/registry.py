@@ -19,10 +19,12 @@ ADAPTERS: tuple[Adapter, ...] = tuple(a for phase in PHASES for a in phase.ADAPT
 
 
 def names() -> list[str]:
+    """Every adapter's name, in the order they apply."""
     return [a.name for a in ADAPTERS]
 
 
 def get(name: str) -> Adapter:
+    """The adapter called ``name``; ``KeyError`` naming the known ones otherwise."""
     for adapter in ADAPTERS:
         if adapter.name == name:
             return adapter
