@@ -125,24 +125,10 @@ def _native(model: str, prompts: list[list[int]], max_len: int, work: Path) -> d
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(
-        model,
-        max_model_len=max_len,
-        enforce_eager=True,
-        enable_prefix_caching=False,
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {
-                "hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids(model)}
-            },
-        },
-        kv_transfer_config={
-            "kv_connector": "ExampleHiddenStatesConnector",
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(work / "native")},
-        },
-    )
+    from specshim.runner import native
+
+    # the layers extract captures, in speculators 0.3/0.4's numbering (vLLM's is one more)
+    llm = LLM(**native.engine_options(model, layer_ids(model), max_len, 1, work / "native"))
     params = SamplingParams(max_tokens=1, temperature=0.0)
 
     def run(ps: list[list[int]]) -> None:

@@ -108,6 +108,7 @@ def _extract(args: argparse.Namespace) -> int:
             skip_bad=args.skip_bad,
             verify=args.verify,
             handoff=args.handoff,
+            backend=args.backend,
         )
     print(summary.text())
     return 0
@@ -147,6 +148,13 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="how the hidden states leave vLLM's worker: speculators' RPC, CUDA IPC (a CUDA "
         "device only), or one shared host buffer in /dev/shm (the same tensors bit for bit "
         "each way; docs/benchmarks.md section 6); auto: ipc on one CUDA device, rpc otherwise",
+    )
+    command.add_argument(
+        "--backend",
+        choices=("generator", "native"),
+        default="generator",
+        help="generator: speculators 0.3/0.4's own, patched by specshim; native: vLLM's "
+        "extract_hidden_states path (vLLM >= 0.18), the same files (docs/migration.md)",
     )
     command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     command.set_defaults(handler=_extract)

@@ -57,7 +57,8 @@ def native_path(vllm: versions.Installed) -> NativePath:
     return NativePath(
         True,
         f"vLLM {vllm.version} has extract_hidden_states: {NATIVE_READER} generates and reads "
-        "its data; take 0.3/0.4 data along with `specshim convert --data DIR --out NEW` "
+        "its data; take 0.3/0.4 data along with `specshim convert --data DIR --out NEW`, or "
+        "write 0.3/0.4 data through it with `specshim extract --backend native` "
         "(docs/migration.md)",
     )
 

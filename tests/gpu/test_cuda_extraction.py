@@ -144,3 +144,30 @@ def test_every_adapter_applied_on_the_gpu_has_evidence(speculators, tiny_models)
     rows = [r for r in matrix.load() if (r.vllm, r.speculators, r.accelerator)
             == (vllm.__version__, speculators, here)]  # fmt: skip
     assert [set(r.adapters or ()) for r in rows] == [applied]
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_native_backend_writes_the_generator_backends_files_on_the_gpu(
+    speculators, tiny_models, tmp_path
+) -> None:
+    """``specshim extract --backend native`` (vLLM's extract_hidden_states) against the
+    generator backend on CUDA vLLM: the checks of tests/e2e/test_native.py."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import speculators_path
+    from e2e.test_native import assert_same_files
+    from e2e.test_runner import extract_args
+    from specshim.testbed import data
+
+    dataset = data.write(tmp_path / "data.jsonl", count=12)
+    paths = [str(speculators_path(speculators)), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    env.pop("SPECSHIM_APPLY", None)
+    for backend in ("generator", "native"):
+        args = extract_args(tiny_models["llama"], dataset, tmp_path / backend)
+        cmd = [sys.executable, "-m", "specshim.cli", *args, "--backend", backend]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_files(tmp_path / "generator", tmp_path / "native")

@@ -24,6 +24,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import tempfile
 import threading
@@ -45,6 +46,11 @@ SAMPLE_FILE = re.compile(r"data_(\d+)\.pt")
 #: on the CPU differs by well under 1 % between batch shapes; a sample from another row, or
 #: batched states shifted by a token (speculators #279), differ by 50 % and more.
 VERIFY_TOLERANCE = 0.05
+#: Where the hidden states come from: speculators' generator (patched by specshim), or vLLM's
+#: own ``extract_hidden_states`` path (vLLM >= 0.18; :mod:`specshim.runner.native`).
+BACKENDS = ("generator", "native")
+#: How the native backend's states reach this process (the summary names it).
+NATIVE_HANDOFF = "the files of vLLM's hidden-states connector"
 #: The lowest value each numeric option takes.
 LOWEST = {"--batch-size": 1, "--max-model-len": 2, "--tensor-parallel-size": 1, "--verify": 0}
 
@@ -350,16 +356,21 @@ def extract(
     progress: bool = True,
     handoff: str = "auto",
     verify: int = 0,
+    backend: str = "generator",
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has."""
     check_numbers(batch_size, max_model_len, tensor_parallel_size, verify)
+    if backend not in BACKENDS:
+        raise ExtractionError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     try:
         handoff = handoffs.choose(handoff, tensor_parallel_size)
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
+    if backend == "native":
+        handoff = NATIVE_HANDOFF
     config = model_config(model)
     layers = choose_layers(_text_config(config).num_hidden_layers, layers)
     check_length(config, max_model_len)
@@ -389,7 +400,9 @@ def extract(
     extracted: Progress | None = None  # the run's bar: its rate and time go to the summary
     verified = ""
     if work.todo or verify or not _config_current(out, len(samples)):
-        with _generator(model, layers, max_model_len, tensor_parallel_size, handoff) as generator:
+        with _generator(
+            model, layers, max_model_len, tensor_parallel_size, handoff, backend, out
+        ) as generator:
             files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
             files.Ledger(out / LEDGER).keep(work.kept)
             extracted = _run(
@@ -539,39 +552,58 @@ def _generator(
     max_model_len: int,
     tensor_parallel_size: int,
     handoff: str = "rpc",
+    backend: str = "generator",
+    out: Path | None = None,
 ) -> Iterator[Any]:
-    """speculators' generator, with its vLLM workers shut down on the way out.
+    """speculators' generator (or, with ``backend="native"``, vLLM's own path behind its
+    interface), with vLLM shut down on the way out.
 
-    Its own ``__del__`` would do it at interpreter exit, when its logger is already gone.
-    The states leave the worker the ``handoff`` way (:mod:`specshim.runner.handoff`). A start
-    that fails is one line; vLLM's log above it has the details.
+    The generator's own ``__del__`` would do it at interpreter exit, when its logger is
+    already gone. Its states leave the worker the ``handoff`` way
+    (:mod:`specshim.runner.handoff`); the native path's connector writes its files under
+    ``out`` and they are removed as they are read. A start that fails is one line; vLLM's
+    log above it has the details.
 
     vLLM's executor leaves this process's torch on one thread. Setting it back to the cores'
     count was measured on the H200 and made extraction slower, not faster (the guards 4.8 s
     instead of 1.2 s, the shared-memory copies 17.5 s instead of 3.9 s: sixteen OpenMP
     threads beside vLLM's worker and the four writer threads), so it stays.
     """
-    from speculators.data_generation.vllm_hidden_states_generator import (
-        VllmHiddenStatesGenerator,
-    )
 
-    try:
-        generator = VllmHiddenStatesGenerator(
+    def start() -> Any:
+        if backend == "native":
+            from specshim.runner.native import NativeGenerator
+
+            return NativeGenerator(model, layers, max_model_len, tensor_parallel_size, work)
+        from speculators.data_generation.vllm_hidden_states_generator import (
+            VllmHiddenStatesGenerator,
+        )
+
+        return VllmHiddenStatesGenerator(
             model,
             layer_ids=layers,
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_parallel_size,
         )
+
+    work = (out or Path(".")) / ".specshim-native"
+    try:
+        generator = start()
     except Exception as exc:  # whatever vLLM raised: the user gets its first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ExtractionError(f"vLLM could not start {model}: {first}") from exc
     try:
-        handoffs.use(generator, handoff)
+        if backend != "native":
+            handoffs.use(generator, handoff)
         yield generator
     finally:
-        generator.executor.shutdown()
-        del generator.executor
-        handoffs.forget()
+        if backend == "native":
+            generator.shutdown()
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            generator.executor.shutdown()
+            del generator.executor
+            handoffs.forget()
 
 
 def _save_data_config(generator: Any, out: Path, data: Path, seq_length: int, count: int) -> None:

