@@ -54,7 +54,7 @@ BUFFER_PREFIX = "specshim-states-"
 #: Every tensor starts at a multiple of this many bytes in the buffer (any dtype's alignment).
 ALIGNMENT = 64
 
-#: The worker attribute holding what it shared last, alive until the next fetch.
+#: The worker attribute holding what it shared by CUDA IPC last, alive until the next fetch.
 _KEPT = "_specshim_shared_states"
 #: The worker attribute holding its :class:`WorkerHandoff`.
 _STATE = "_specshim_handoff"
@@ -296,8 +296,9 @@ def _install(worker: Any, how: str) -> bool:
 
     def handed_off() -> Any:
         states = fetch()
-        setattr(worker, _KEPT, states)  # alive until the next fetch (module docstring)
-        return handoff.reply(states)
+        if how == "ipc":  # the caller maps them: alive until the next fetch (module docstring)
+            setattr(worker, _KEPT, states)
+        return handoff.reply(states)  # shm: copied to the host before this returns
 
     worker._get_captured_states = handed_off
     setattr(worker, _STATE, handoff)
