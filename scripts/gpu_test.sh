@@ -5,6 +5,14 @@
 # PYTHONPATH, so the bundle need not be rebuilt after a change.
 #
 #   scripts/gpu_test.sh [pytest args]        # SPECSHIM_GPU_ROOT=/root/g by default
+#   STREAMS=3 LOGS=dir scripts/gpu_test.sh -k "not native"
+#
+# STREAMS=N runs the selected tests in N pytest processes at once on the one GPU (dealt
+# round-robin; each stream's log is LOGS/stream_K.log), every generator asking for 0.8/N of
+# the device's memory (SPECSHIM_E2E_GPU_MEMORY, read by tests/e2e/driver.py). Engine start is
+# most of a test's minute, so three streams take about a third of the time. Leave the native
+# backend's tests out of it: vLLM's LLM profiles the device's free memory at start, which other
+# processes change, and asks for 0.8 of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${SPECSHIM_GPU_ROOT:-/root/g}
@@ -15,4 +23,28 @@ export PYTHONPATH="$PWD/src:$G/site"
 export HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 TOKENIZERS_PARALLELISM=false
 export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not in the bundle
 export SPECSHIM_E2E_OUT="${SPECSHIM_E2E_OUT:-/tmp/specshim-gpu-e2e}"
-exec python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu "$@"
+PYTEST=(python3 -m pytest -q -p no:cacheprovider -m gpu)
+STREAMS=${STREAMS:-1}
+if [ "$STREAMS" -le 1 ]; then
+    exec "${PYTEST[@]}" tests/gpu "$@"
+fi
+LOGS=${LOGS:-/tmp/specshim-gpu-logs}
+mkdir -p "$LOGS"
+export SPECSHIM_E2E_GPU_MEMORY
+SPECSHIM_E2E_GPU_MEMORY=$(python3 -c "print(round(0.8 / $STREAMS, 3))")
+mapfile -t tests < <("${PYTEST[@]}" tests/gpu --collect-only "$@" | grep '::')
+pids=()
+for ((k = 0; k < STREAMS; k++)); do
+    mine=()
+    for i in "${!tests[@]}"; do
+        if ((i % STREAMS == k)); then mine+=("${tests[$i]}"); fi
+    done
+    [ ${#mine[@]} -gt 0 ] || continue
+    SPECSHIM_E2E_OUT="$SPECSHIM_E2E_OUT/stream_$k" "${PYTEST[@]}" --basetemp="/tmp/gpu-stream-$k" \
+        "${mine[@]}" > "$LOGS/stream_$k.log" 2>&1 &
+    pids+=($!)
+done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+tail -n 3 "$LOGS"/stream_*.log
+exit $failed

@@ -83,8 +83,12 @@ def main() -> int:
 
         if not args.no_shim:
             applied = list(specshim.status().applied)
+        # scripts/gpu_test.sh with STREAMS=N runs N tests at once on one GPU: each engine
+        # then asks for its share of the device's memory, not speculators' 0.8 of it.
+        share = os.environ.get("SPECSHIM_E2E_GPU_MEMORY")
+        memory = {"gpu_memory_utilization": float(share)} if share else {}
         generator = VllmHiddenStatesGenerator(
-            args.model, max_model_len=args.max_model_len, tensor_parallel_size=args.tp
+            args.model, max_model_len=args.max_model_len, tensor_parallel_size=args.tp, **memory
         )
         if args.handoff != "rpc":
             from specshim.runner import handoff
