@@ -71,6 +71,7 @@ def make_inputs(root: Path, samples: int, tokens: int, draft_vocab: int) -> tupl
         for t in ids.tolist():
             freq[t] = freq.get(t, 0) + 1
     files.save_torch(data / "token_freq.pt", freq)
+    files.save_json(data / "sample_lengths.json", {str(i): tokens for i in range(samples)})
     vocab.build(data, draft_vocab, v, data)
     return verifier, data
 
