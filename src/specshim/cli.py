@@ -115,6 +115,8 @@ def _extract(args: argparse.Namespace) -> int:
 
 
 def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from specshim.runner.native import BACKENDS
+
     command = _command(commands, "extract", "hidden states through speculators, patched")
     command.add_argument("--model", required=True, help="verifier model directory or hub id")
     command.add_argument("--data", required=True, type=Path, help="JSONL (ids or chats) or dataset")
@@ -151,10 +153,12 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     command.add_argument(
         "--backend",
-        choices=("generator", "native"),
-        default="generator",
+        choices=BACKENDS,
+        default="auto",
         help="generator: speculators 0.3/0.4's own, patched by specshim; native: vLLM's "
-        "extract_hidden_states path (vLLM >= 0.18), the same files (docs/migration.md)",
+        "extract_hidden_states path (vLLM >= 0.18), the same files (docs/migration.md); "
+        "auto: the generator where the matrix shows it extracting with this vLLM, "
+        "speculators and accelerator, else the native path where vLLM has it",
     )
     command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     command.set_defaults(handler=_extract)

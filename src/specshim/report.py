@@ -63,6 +63,47 @@ def native_path(vllm: versions.Installed) -> NativePath:
     )
 
 
+@dataclass(frozen=True)
+class BackendChoice:
+    """The extraction backend ``specshim extract --backend auto`` runs, and why, in words."""
+
+    backend: str  # "generator" or "native"
+    reason: str
+
+
+def choose_backend() -> BackendChoice:
+    """Speculators' generator where the matrix shows specshim making it extract with this vLLM,
+    speculators and accelerator; vLLM's own ``extract_hidden_states`` path where it is installed
+    and the generator is not shown to; otherwise the generator, unshown, said so.
+
+    Shown means rows of this combination measured on this accelerator, all passing, one at
+    level extraction or beyond: a row that reached only the probes (vLLM 0.33, 0.34) has not
+    run the generator. Both backends write the same files, so the choice changes how the
+    states are made, not what is written (docs/migration.md).
+    """
+    installed = versions.all_installed()
+    vllm = next(i for i in installed if i.name == "vllm")
+    verdict = _verdict(installed, hardware.detect())
+    return backend_for(verdict, vllm.version, native_path(vllm).available)
+
+
+def backend_for(verdict: matrix.Verdict, vllm: str | None, native: bool) -> BackendChoice:
+    """:func:`choose_backend`'s rule, given the matrix's ``verdict`` for this installation and
+    whether ``vllm`` has the native path."""
+    extracting = matrix.LEVELS.index("extraction")
+    if verdict.status == "tested-pass" and any(
+        matrix.LEVELS.index(r.level) >= extracting for r in verdict.rows
+    ):
+        return BackendChoice("generator", f"the matrix shows it extracting here: {verdict.detail}")
+    shown = (
+        f"speculators' generator is not shown to extract here (the matrix: {verdict.status}; "
+        "`specshim report` says why)"
+    )
+    if native:
+        return BackendChoice("native", f"{shown}; vLLM {vllm} has extract_hidden_states")
+    return BackendChoice("generator", f"{shown}; vLLM {vllm} has no native path either")
+
+
 def _importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None

@@ -137,8 +137,8 @@ def assert_files_match(out: Path, rows_: list[dict[str, list[int]]]) -> None:
     assert config["data"]["num_samples"] == len(rows_)
 
 
-SUMMARY = ("samples:", "truncated", "skipped", "throughput", "extracted again", "removed",
-           "verified", "  ")  # fmt: skip
+SUMMARY = ("samples:", "truncated", "skipped", "throughput", "backend", "extracted again",
+           "removed", "verified", "  ")  # fmt: skip
 
 
 def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> None:
@@ -150,6 +150,8 @@ def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> Non
     assert first.returncode == 0, first.stderr[-3000:]
     assert "samples: 11 (11 extracted, 0 already done)" in first.stdout
     assert all(line.startswith(SUMMARY) for line in first.stdout.splitlines()), first.stdout
+    # --backend auto (the default): this vLLM, speculators and CPU have matrix rows
+    assert "backend: generator (auto: the matrix shows it extracting here: reached" in first.stdout
     config = json.loads((out / "data_config.json").read_text())
     assert config["hidden_states"]["layer_ids"] == [0, 1, 2, 3]  # distinct: not [2, 2, 1, 3]
     states = torch.load(out / "data_0.pt", weights_only=True)["hidden_states"]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specshim.runner import dataset, files
+from specshim.runner import dataset, files, native
 from specshim.runner import handoff as handoffs
 from specshim.runner.progress import Progress
 
@@ -46,9 +46,6 @@ SAMPLE_FILE = re.compile(r"data_(\d+)\.pt")
 #: on the CPU differs by well under 1 % between batch shapes; a sample from another row, or
 #: batched states shifted by a token (speculators #279), differ by 50 % and more.
 VERIFY_TOLERANCE = 0.05
-#: Where the hidden states come from: speculators' generator (patched by specshim), or vLLM's
-#: own ``extract_hidden_states`` path (vLLM >= 0.18; :mod:`specshim.runner.native`).
-BACKENDS = ("generator", "native")
 #: How the native backend's states reach this process (the summary names it).
 NATIVE_HANDOFF = "the files of vLLM's hidden-states connector"
 #: The lowest value each numeric option takes.
@@ -76,6 +73,7 @@ class Summary:
     removed: int = 0  # stale data_i.pt beyond the current samples
     verified: str = ""
     handoff: str = "rpc"  # how the states left vLLM's worker (specshim.runner.handoff)
+    backend: str = "generator"  # who made the states, and for --backend auto, why
 
     def text(self) -> str:
         lines = [
@@ -85,6 +83,7 @@ class Summary:
             f"throughput: {self.tokens_per_second:,.0f} tokens/s over {self.seconds:.1f} s "
             "(tokens extracted / time from the engine's start to the last batch; states "
             f"handed over by {self.handoff})",
+            f"backend: {self.backend}",
         ]
         if self.redone:
             lines.append(
@@ -356,21 +355,21 @@ def extract(
     progress: bool = True,
     handoff: str = "auto",
     verify: int = 0,
-    backend: str = "generator",
+    backend: str = "auto",
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has."""
     check_numbers(batch_size, max_model_len, tensor_parallel_size, verify)
-    if backend not in BACKENDS:
-        raise ExtractionError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend not in native.BACKENDS:
+        raise ExtractionError(
+            f"--backend must be one of {', '.join(native.BACKENDS)}, got {backend!r}"
+        )
     try:
         handoff = handoffs.choose(handoff, tensor_parallel_size)
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
-    if backend == "native":
-        handoff = NATIVE_HANDOFF
     config = model_config(model)
     layers = choose_layers(_text_config(config).num_hidden_layers, layers)
     check_length(config, max_model_len)
@@ -384,6 +383,9 @@ def extract(
     from specshim import hardware
 
     hardware.prepare_for_vllm(tensor_parallel_size)
+    backend, why = _choose_backend(backend)
+    if backend == "native":
+        handoff = NATIVE_HANDOFF
     specshim.apply()
     tokenizer = AutoTokenizer.from_pretrained(model)
     skipped: list[dataset.BadRow] = []
@@ -428,7 +430,21 @@ def extract(
         removed=len(work.stale),
         verified=verified,
         handoff=handoff,
+        backend=f"{backend} ({why})",
     )
+
+
+def _choose_backend(backend: str) -> tuple[str, str]:
+    """The backend to run and why: as asked, or for ``auto`` what the matrix and the
+    installed vLLM support (told on stderr before vLLM starts, and in the summary)."""
+    if backend != "auto":
+        return backend, "asked for"
+    from specshim import console, report
+
+    choice = report.choose_backend()
+    why = f"auto: {choice.reason}"
+    console.status("specshim", f"extraction backend: {choice.backend} ({why})")
+    return choice.backend, why
 
 
 def _run(
@@ -572,9 +588,7 @@ def _generator(
 
     def start() -> Any:
         if backend == "native":
-            from specshim.runner.native import NativeGenerator
-
-            return NativeGenerator(model, layers, max_model_len, tensor_parallel_size, work)
+            return native.NativeGenerator(model, layers, max_model_len, tensor_parallel_size, work)
         from speculators.data_generation.vllm_hidden_states_generator import (
             VllmHiddenStatesGenerator,
         )

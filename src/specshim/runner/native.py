@@ -29,6 +29,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+#: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
+#: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18), or
+#: ``auto``, one of the two from the matrix and the installed vLLM
+#: (:func:`specshim.report.choose_backend`). The files are the same either way.
+BACKENDS = ("auto", "generator", "native")
+
 #: vLLM's writer of the native path, in the worker.
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 
