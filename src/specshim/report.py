@@ -121,6 +121,8 @@ class FullReport:
     import_error: str | None
     verdict: matrix.Verdict
     native: NativePath
+    #: the matrix's rows of ``specshim extract --backend native`` for this installation
+    native_verdict: matrix.Verdict
 
     @property
     def exit_code(self) -> int:
@@ -138,7 +140,7 @@ class FullReport:
             "adapters": self.adapters.to_dict()["adapters"],
             "import_error": self.import_error,
             "verdict": self.verdict.to_dict(),
-            "native_path": self.native.to_dict(),
+            "native_path": {**self.native.to_dict(), "verdict": self.native_verdict.to_dict()},
         }
 
     def to_text(self) -> str:
@@ -158,6 +160,10 @@ class FullReport:
         if self.import_error:
             lines += ["", f"importing speculators' generator failed: {self.import_error}"]
         lines += ["", f"native path: {self.native.detail}"]
+        lines.append(
+            f"native backend in the matrix: {self.native_verdict.status}: "
+            + (self.native_verdict.detail)
+        )
         lines.append(f"verdict: {self.verdict.status}: {self.verdict.detail}")  # the last line
         return "\n".join(lines)
 
@@ -181,9 +187,11 @@ def _import_consumers() -> str | None:
 
 
 def _verdict(
-    installed: list[versions.Installed], accelerator: hardware.Accelerator
+    installed: list[versions.Installed],
+    accelerator: hardware.Accelerator,
+    backend: str = "generator",
 ) -> matrix.Verdict:
-    """The matrix's verdict for these versions on this accelerator."""
+    """The matrix's verdict for these versions on this accelerator, by ``backend``'s rows."""
     by_name = {i.name: i for i in installed}
     vllm = by_name["vllm"]
     try:
@@ -192,7 +200,7 @@ def _verdict(
         return matrix.Verdict("untested", f"no compatibility matrix: {exc}")
     speculators = by_name["speculators"].version
     return matrix.verdict(
-        rows, vllm.version, speculators, vllm.distribution, matrix.where(accelerator)
+        rows, vllm.version, speculators, vllm.distribution, matrix.where(accelerator), backend
     )
 
 
@@ -217,4 +225,5 @@ def build(probe_imports: bool = True) -> FullReport:
         import_error,
         _verdict(installed, accelerator),
         native_path(vllm),
+        _verdict(installed, accelerator, "native"),
     )

