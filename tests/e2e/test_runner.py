@@ -24,9 +24,11 @@ from specshim.testbed import data
 pytestmark = pytest.mark.vllm
 
 
-def specshim_command(*args: str) -> tuple[list[str], dict[str, str]]:
-    python = vllm_python("0.32.0")
-    env = {**os.environ, "PYTHONPATH": str(speculators_path("0.4.0.1"))}
+def specshim_command(
+    *args: str, vllm: str = "0.32.0", speculators: str = "0.4.0.1"
+) -> tuple[list[str], dict[str, str]]:
+    python = vllm_python(vllm)
+    env = {**os.environ, "PYTHONPATH": str(speculators_path(speculators))}
     env.pop("SPECSHIM_APPLY", None)
     return [str(python), "-m", "specshim.cli", *args], env
 
