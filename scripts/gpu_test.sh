@@ -23,7 +23,7 @@ export PYTHONPATH="$PWD/src:$G/site"
 export HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 TOKENIZERS_PARALLELISM=false
 export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not in the bundle
 export SPECSHIM_E2E_OUT="${SPECSHIM_E2E_OUT:-/tmp/specshim-gpu-e2e}"
-PYTEST=(python3 -m pytest -q -p no:cacheprovider -m gpu)
+PYTEST=(python3 -m pytest -q -rfEsp -p no:cacheprovider -m gpu)  # -r: a line per test
 STREAMS=${STREAMS:-1}
 if [ "$STREAMS" -le 1 ]; then
     exec "${PYTEST[@]}" tests/gpu "$@"
