@@ -1,10 +1,15 @@
-"""The adapter-writing kit's proxy: one module's view of another, with a few names replaced."""
+"""The adapter-writing kit: the proxy (one module's view of another, with a few names
+replaced) and the source readers."""
 
 from __future__ import annotations
 
 import json
 import types
+from typing import Any
 
+import pytest
+
+from specshim.adapters import kit
 from specshim.adapters.kit import Proxy
 from specshim.adapters.model import Patch
 
@@ -29,3 +34,29 @@ def test_a_proxy_patch_changes_one_consumers_view_and_reverts() -> None:
     assert consumer.json.dumps({}) == "seen by consumer"
     patch.revert()
     assert consumer.json is json
+
+
+def _builds_a_config(make: Any) -> Any:
+    # CacheConfig(enable_prefix_caching=True) in a comment is not a call
+    note = "CacheConfig(block_size=16)"  # nor is one in a string
+    return make.CacheConfig(
+        gpu_memory_utilization=min(0.9, max(0.1, 0.8)),  # nested calls before the keyword
+        swap_space=len(note),
+    ), make.SchedulerConfig(is_encoder_decoder=False)
+
+
+@pytest.mark.parametrize(
+    ("callee", "keyword", "called"),
+    [
+        ("CacheConfig", "swap_space", True),
+        ("CacheConfig", "gpu_memory_utilization", True),
+        ("SchedulerConfig", "is_encoder_decoder", True),
+        ("CacheConfig", "enable_prefix_caching", False),
+        ("CacheConfig", "block_size", False),
+        ("CacheConfig", "is_encoder_decoder", False),
+    ],
+)
+def test_calls_with_keyword_reads_calls_not_text(callee: str, keyword: str, called: bool) -> None:
+    """Read from the syntax tree: a keyword counts only as an argument of that very call,
+    past nested calls, and never from a comment or a string."""
+    assert kit.calls_with_keyword(_builds_a_config, callee, keyword) is called

@@ -1,9 +1,10 @@
 """The adapter-writing kit: read the installed code (signatures, source, imports) without
 guessing, and build :class:`~specshim.adapters.model.Patch` records with wrapt.
 
-Probes read source with ``ast`` where structure matters and with one regular expression for
-``calls_with_keyword``; patches wrap with ``wrapt.FunctionWrapper`` and proxy with
-``wrapt.ObjectProxy``, so the wrapped objects keep their signatures and identity checks.
+Probes read source through its syntax tree (``ast``: :func:`syntax`, :func:`calls_with_keyword`,
+:func:`imported_names`), so comments, strings and line breaks do not mislead them; patches wrap
+with ``wrapt.FunctionWrapper`` and proxy with ``wrapt.ObjectProxy``, so the wrapped objects keep
+their signatures and identity checks.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import ast
 import importlib
 import importlib.util
 import inspect
-import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,28 @@ def source(func: Callable[..., Any]) -> str:
     return inspect.getsource(inspect.unwrap(func))
 
 
+def syntax(func: Callable[..., Any]) -> ast.Module:
+    """The syntax tree of ``func``'s source (a method's, dedented)."""
+    return ast.parse(textwrap.dedent(source(func)))
+
+
+def called_name(call: ast.Call) -> str | None:
+    """The name a call calls: ``f`` for ``f(...)`` and for ``obj.attr.f(...)``."""
+    if isinstance(call.func, ast.Name):
+        return call.func.id
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr
+    return None
+
+
 def calls_with_keyword(func: Callable[..., Any], callee: str, keyword: str) -> bool:
-    """Does the source of ``func`` call ``callee(...)`` passing ``keyword=``?"""
-    pattern = rf"{re.escape(callee)}\((?:[^()]|\([^()]*\))*?\b{re.escape(keyword)}\s*="
-    return re.search(pattern, source(func), re.DOTALL) is not None
+    """Does ``func`` call ``callee(...)`` (or ``anything.callee(...)``) passing ``keyword=``?"""
+    return any(
+        isinstance(node, ast.Call)
+        and called_name(node) == callee
+        and any(k.arg == keyword for k in node.keywords)
+        for node in ast.walk(syntax(func))
+    )
 
 
 def wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> Patch:

@@ -12,25 +12,62 @@ executor's own calls (``execute_model`` uses ``unique_reply_rank`` too) keep the
 
 from __future__ import annotations
 
-import re
+import ast
+import itertools
 from typing import Any
 
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
-from specshim.adapters.kit import module, parameters, source, wrap
+from specshim.adapters.kit import module, parameters, syntax, wrap
 from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, facts, needed, not_needed
 from specshim.adapters.targets import EXECUTOR, GENERATOR, generator_class
 
-#: ``x = self.executor.collective_rpc("method", ..., unique_reply_rank=...)`` then ``x[0]``.
-_INDEXES_REPLY = re.compile(
-    r"(\w+)\s*=\s*self\.executor\.collective_rpc\(\s*\"(\w+)\"[^)]*unique_reply_rank[^)]*\)"
-    r"\s*\n\s*\w+\s*=\s*\1\[0\]",
-)
+
+def _rpc_reply(statement: ast.stmt) -> tuple[str, str] | None:
+    """``x = self.executor.collective_rpc("method", ..., unique_reply_rank=...)``: (x, method)."""
+    if not (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call)):
+        return None
+    call, targets = statement.value, statement.targets
+    if not (len(targets) == 1 and isinstance(targets[0], ast.Name)):
+        return None
+    if ast.unparse(call.func) != "self.executor.collective_rpc" or not call.args:
+        return None
+    method = call.args[0]
+    if not (isinstance(method, ast.Constant) and isinstance(method.value, str)):
+        return None
+    if not any(k.arg == "unique_reply_rank" for k in call.keywords):
+        return None
+    return targets[0].id, method.value
+
+
+def _indexes_first(statement: ast.stmt, name: str) -> bool:
+    """``y = name[0]``."""
+    return (
+        isinstance(statement, ast.Assign)
+        and isinstance(statement.value, ast.Subscript)
+        and isinstance(statement.value.value, ast.Name)
+        and statement.value.value.id == name
+        and isinstance(statement.value.slice, ast.Constant)
+        and statement.value.slice.value == 0
+    )
 
 
 def indexed_methods() -> set[str]:
-    """Worker methods whose unique reply the generator indexes with ``[0]``."""
-    return {m.group(2) for m in _INDEXES_REPLY.finditer(source(generator_class().generate))}
+    """Worker methods whose unique reply the generator indexes with ``[0]``: a
+    ``collective_rpc(..., unique_reply_rank=...)`` reply assigned, and the next statement
+    taking its ``[0]``."""
+    blocks = (
+        block
+        for node in ast.walk(syntax(generator_class().generate))
+        for field in ("body", "orelse", "finalbody")
+        if isinstance(block := getattr(node, field, None), list)
+    )
+    return {
+        reply[1]
+        for block in blocks
+        for first, second in itertools.pairwise(block)
+        if (reply := _rpc_reply(first)) and _indexes_first(second, reply[0])
+    }
 
 
 def executor_returns_bare_reply(executor: Any) -> bool:
