@@ -60,3 +60,42 @@ def test_calls_with_keyword_reads_calls_not_text(callee: str, keyword: str, call
     """Read from the syntax tree: a keyword counts only as an argument of that very call,
     past nested calls, and never from a comment or a string."""
     assert kit.calls_with_keyword(_builds_a_config, callee, keyword) is called
+
+
+class _Base:
+    @staticmethod
+    def scale(x: int) -> int:
+        return 2 * x
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.__name__
+
+
+class _Derived(_Base):
+    pass
+
+
+def _add_one(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    return wrapped(*args, **kwargs) + 1
+
+
+def test_wrap_keeps_static_and_class_methods_what_they_are() -> None:
+    """Wrapped as wrapt finds them (the descriptor from the defining class's ``vars()``), an
+    inherited staticmethod gets no ``self`` and a classmethod still gets the subclass."""
+    patches = [
+        kit.wrap(_Derived, "scale", _add_one),
+        kit.wrap(
+            _Derived, "name", lambda wrapped, _i, args, kwargs: wrapped(*args, **kwargs) + "!"
+        ),
+    ]
+    for patch in patches:
+        patch.apply()
+    try:
+        assert (_Derived.scale(3), _Derived().scale(3)) == (7, 7)
+        assert (_Derived.name(), _Derived().name()) == ("_Derived!", "_Derived!")
+        assert _Base.scale(3) == 6  # the base class is untouched
+    finally:
+        for patch in reversed(patches):
+            patch.revert()
+    assert "scale" not in vars(_Derived) and _Derived.scale(3) == 6

@@ -68,9 +68,13 @@ def wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> Patch:
     """A patch that replaces ``owner.name`` with ``wrapt.FunctionWrapper(original, wrapper)``.
 
     ``wrapper(wrapped, instance, args, kwargs)`` follows wrapt's convention; the wrapped
-    object keeps its signature and ``__wrapped__`` for introspection.
+    object keeps its signature and ``__wrapped__`` for introspection. The original is found
+    as wrapt finds it (``wrapt.resolve_path``): on a class, the raw attribute from the
+    ``vars()`` of the class along its MRO that defines it, so a ``staticmethod`` or
+    ``classmethod`` is wrapped as the descriptor it is, not as the function ``getattr`` binds.
     """
-    return Patch(owner, name, wrapt.FunctionWrapper(getattr(owner, name), wrapper))
+    _parent, _name, original = wrapt.resolve_path(owner, name)
+    return Patch(owner, name, wrapt.FunctionWrapper(original, wrapper))
 
 
 def with_keywords(
