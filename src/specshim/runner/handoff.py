@@ -18,8 +18,10 @@ prefill. :func:`use` switches one generator's worker to another reply, of the sa
 
 Measured on the H200 (16 x 2048 Llama, 512 x 512 tokens, ``specshim extract`` in one run,
 docs/benchmarks.md section 6): ``ipc`` 56,152 tokens/s, ``shm`` 50,641, the RPC (an earlier
-run) 8,170; what is left is the generator's own per-sample copies in the caller. On vLLM's CPU
-worker (128-wide model) the RPC is a few percent of the time, and ``shm`` saves part of it.
+run) 8,170; with extract's guards moved to the writer's threads ``ipc`` 70,607 (run 5, at the
+disk's speed there); what is left is the generator's own per-sample copies in the caller.
+On vLLM's CPU worker (128-wide model) the RPC is a few percent of the time, and ``shm`` saves
+part of it.
 Either way the tensors are the worker's own, so the data is bit for bit what the RPC path
 delivers (tests/e2e/test_extraction.py on vLLM's CPU worker, tests/gpu on the H200).
 
