@@ -14,6 +14,8 @@ writes the states must stay under):
   shared host memory (``specshim.runner.handoff``);
 - ``extract_rpc`` / ``extract_ipc`` / ``extract_shm``: ``specshim extract`` writing every sample
   to disk, with each hand-off (the files are compared: the same tensors bit for bit);
+- ``extract_worker``: the same, vLLM's worker writing the files itself
+  (``specshim.runner.worker_writer``);
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
 - ``disk_writer``: the same on ``specshim extract``'s writer threads.
 
@@ -46,6 +48,7 @@ PATHS = (
     "extract_rpc",
     "extract_ipc",
     "extract_shm",
+    "extract_worker",
     "disk",
     "disk_writer",
 )
@@ -167,7 +170,7 @@ def _generator(model: str, prompts: list[list[int]], max_len: int, how: str) -> 
 def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> dict[str, Any]:
     import contextlib
 
-    from specshim.runner import extract, files
+    from specshim.runner import extract, files, worker_writer
     from specshim.runner import handoff as handoffs
 
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
@@ -179,11 +182,14 @@ def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> d
         with started(*args, **kwargs) as generator:
             timers.wrap(generator, "generate")
             yield generator
-            worker.extend(generator.executor.collective_rpc(handoffs.state))
+            state = worker_writer.state if handoff == "worker" else handoffs.state
+            worker.extend(generator.executor.collective_rpc(state))
 
     extract._generator = timed_generator
     timers.wrap(extract, "_checked")
     timers.wrap(files.BackgroundWriter, "submit")  # blocks while the writer is behind
+    timers.wrap(worker_writer.WorkerFilesClient, "expect")  # blocks while the worker's is
+    timers.wrap(worker_writer.WorkerFilesClient, "finished")
     summary = extract.extract(
         model,
         data,

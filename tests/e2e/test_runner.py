@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import speculators_path, vllm_python
+from conftest import SPECULATORS, speculators_path, vllm_python
 from specshim.runner import extract, files
 from specshim.testbed import data
 
@@ -119,8 +119,10 @@ def write_rows(path: Path, rows_: list[object]) -> Path:
     return path
 
 
-def extract_cmd(model: Path, dataset: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd, env = specshim_command(*extract_args(model, dataset, out), *extra)
+def extract_cmd(
+    model: Path, dataset: Path, out: Path, *extra: str, speculators: str = "0.4.0.1"
+) -> subprocess.CompletedProcess:
+    cmd, env = specshim_command(*extract_args(model, dataset, out), *extra, speculators=speculators)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -139,8 +141,49 @@ def assert_files_match(out: Path, rows_: list[dict[str, list[int]]]) -> None:
     assert config["data"]["num_samples"] == len(rows_)
 
 
+def assert_equal_files(one: Path, other: Path) -> int:
+    """The same data_i.pt files in both folders, tensor for tensor, bit for bit; how many."""
+    names = sorted(p.name for p in one.glob("data_*.pt"))
+    assert names == sorted(p.name for p in other.glob("data_*.pt")) and names
+    for name in names:
+        a, b = (torch.load(folder / name, weights_only=True) for folder in (one, other))
+        assert torch.equal(a["input_ids"], b["input_ids"]), name
+        assert torch.equal(a["loss_mask"], b["loss_mask"]), name
+        assert len(a["hidden_states"]) == len(b["hidden_states"]), name
+        for x, y in zip(a["hidden_states"], b["hidden_states"], strict=True):
+            assert x.dtype == y.dtype and torch.equal(x, y), f"{name} differs"
+    return len(names)
+
+
 SUMMARY = ("samples:", "truncated", "skipped", "throughput", "backend", "extracted again",
            "removed", "verified", "  ")  # fmt: skip
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_files_written_in_the_worker_equal_the_generators(
+    four_layers, tmp_path, speculators
+) -> None:
+    """--handoff worker: vLLM's worker writes the files; they hold the tensors the generator
+    returns through speculators' RPC, bit for bit, for 0.3.0's concatenated reply and 0.4's
+    reply keyed by request (13 prompts in a batch: ids up to req_0_12), and resume keeps them."""
+    masked = [{**r, "loss_mask": [int((i + j) % 3 != 0) for j in range(len(r["input_ids"]))]}
+              for i, r in enumerate(rows(four_layers, 13))]  # fmt: skip
+    dataset = write_rows(tmp_path / "data.jsonl", masked)
+    outs = {how: tmp_path / how for how in ("rpc", "worker")}
+    for how, out in outs.items():
+        done = extract_cmd(four_layers, dataset, out, "--handoff", how, "--batch-size", "13",
+                           speculators=speculators)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"states handed over by {how})" in done.stdout
+    assert assert_equal_files(outs["rpc"], outs["worker"]) == len(masked)
+    for i, row in enumerate(masked):
+        by_worker = torch.load(outs["worker"] / f"data_{i}.pt", weights_only=True)
+        assert by_worker["input_ids"].tolist() == row["input_ids"]
+        assert by_worker["loss_mask"].tolist() == row["loss_mask"]
+        assert len(by_worker["hidden_states"]) == 4
+    again = extract_cmd(four_layers, dataset, outs["worker"], "--handoff", "worker",
+                        speculators=speculators)  # fmt: skip
+    assert "samples: 13 (0 extracted, 13 already done)" in again.stdout, again.stdout
 
 
 def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> None:

@@ -146,28 +146,50 @@ def test_every_adapter_applied_on_the_gpu_has_evidence(speculators, tiny_models)
     assert [set(r.adapters or ()) for r in rows] == [applied]
 
 
+def gpu_extract(speculators: str, model: Any, dataset: Any, out: Any, *extra: str) -> None:
+    """``specshim extract`` with this interpreter's CUDA vLLM and ``speculators``."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import speculators_path
+    from e2e.test_runner import extract_args
+
+    paths = [str(speculators_path(speculators)), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    env.pop("SPECSHIM_APPLY", None)
+    cmd = [sys.executable, "-m", "specshim.cli", *extract_args(model, dataset, out), *extra]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 @pytest.mark.parametrize("speculators", SPECULATORS)
 def test_native_backend_writes_the_generator_backends_files_on_the_gpu(
     speculators, tiny_models, tmp_path
 ) -> None:
     """``specshim extract --backend native`` (vLLM's extract_hidden_states) against the
     generator backend on CUDA vLLM: the checks of tests/e2e/test_native.py."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import speculators_path
     from e2e.test_native import assert_same_files
-    from e2e.test_runner import extract_args
     from specshim.testbed import data
 
     dataset = data.write(tmp_path / "data.jsonl", count=12)
-    paths = [str(speculators_path(speculators)), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
-    env.pop("SPECSHIM_APPLY", None)
     for backend in ("generator", "native"):
-        args = extract_args(tiny_models["llama"], dataset, tmp_path / backend)
-        cmd = [sys.executable, "-m", "specshim.cli", *args, "--backend", backend]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stderr[-3000:]
+        gpu_extract(speculators, tiny_models["llama"], dataset, tmp_path / backend,
+                    "--backend", backend)  # fmt: skip
     assert_same_files(tmp_path / "generator", tmp_path / "native")
+
+
+@pytest.mark.parametrize("speculators", SPECULATORS)
+def test_files_written_in_the_worker_equal_the_ipc_paths_on_the_gpu(
+    speculators, tiny_models, tmp_path
+) -> None:
+    """``--handoff worker`` (page-locked copies on a side stream, written in vLLM's worker)
+    against ``--handoff ipc`` on CUDA vLLM: the same files, bit for bit, 13 to a batch."""
+    from e2e.test_runner import assert_equal_files
+    from specshim.testbed import data
+
+    dataset = data.write(tmp_path / "data.jsonl", count=26)
+    for how in ("ipc", "worker"):
+        gpu_extract(speculators, tiny_models["llama"], dataset, tmp_path / how,
+                    "--backend", "generator", "--handoff", how, "--batch-size", "13")  # fmt: skip
+    assert assert_equal_files(tmp_path / "ipc", tmp_path / "worker") == 26

@@ -218,7 +218,7 @@ def test_a_refused_sample_stops_the_run_with_its_line_and_keeps_the_others(tmp_p
     todo = [sample(i, [10 + i, 11, 12]) for i in range(6)]
     generator = FakeGeneratorWithNaNInOneSample(bad=todo[4].input_ids)
     with pytest.raises(extract.ExtractionError, match=r"^line 5 \(data_4.pt\), layer 1: states"):
-        extract._run(generator, tmp_path, todo, ["fp"] * 6, todo, 2, 63, False)
+        extract._run(generator, tmp_path, todo, ["fp"] * 6, todo, 2, 63, False, "rpc")
     assert not (tmp_path / "data_4.pt").exists()
     recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
     assert recorded and "data_4.pt" not in recorded  # (which others: up to the threads)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specshim.runner import dataset, files, native
+from specshim.runner import dataset, files, native, worker_writer
 from specshim.runner import handoff as handoffs
 from specshim.runner.progress import Progress
 
@@ -278,33 +278,12 @@ def plan(out: Path, samples: list[dataset.Sample], prints: list[str]) -> Plan:
     return Plan(todo, kept, redone, stale)
 
 
-def _state_problem(state: Any, tokens: int) -> str | None:
-    """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
-
-    One pass of ``aminmax`` (it propagates NaN; Inf is an end): ``isfinite(...).all()`` plus
-    ``any()`` cost 11 of 15 s of an extraction on the H200 (docs/benchmarks.md), this about
-    a tenth of that on the CPU."""
-    import torch
-
-    if state.shape[0] != tokens:
-        return f"states for {state.shape[0]} tokens, the row has {tokens}"
-    low, high = torch.aminmax(state)
-    if not (torch.isfinite(low) and torch.isfinite(high)):
-        return "states hold NaN or Inf"
-    if low == 0 and high == 0:
-        return "states are all zero"
-    return None
-
-
-def _checked(
+def _checked_ids(
     result: dict[str, Any], sample: dataset.Sample, limit: int, layers: list[int]
-) -> dict[str, Any]:
-    """The sample's record, once its states are what the row asks for: the same token ids,
-    one state per token in every layer, finite, and not all zero (a layer vLLM did not
-    really run, as with hybrid targets: speculators #613). Called on a writer thread, just
-    before the file is written (:meth:`files.BackgroundWriter.submit`)."""
-    import torch
-
+) -> list[Any]:
+    """The generator's per-layer states for ``sample``, once it returned the row's token ids
+    and one state per token in every layer (the states themselves may have no columns: the
+    ``worker`` hand-off checks those in the worker)."""
     ids = sample.input_ids[:limit]
     where = f"line {sample.line} ({sample_file(sample)})"
     got = result["input_ids"].tolist()
@@ -317,7 +296,27 @@ def _checked(
     if len(states) != len(layers):
         raise ExtractionError(f"{where}: {len(states)} layers of states for {len(layers)} ids")
     for layer, state in zip(layers, states, strict=True):
-        if problem := _state_problem(state, len(ids)):
+        if state.shape[0] != len(ids):
+            raise ExtractionError(
+                f"{where}, layer {layer}: states for {state.shape[0]} tokens, the row has "
+                f"{len(ids)}; refusing to write them"
+            )
+    return list(states)
+
+
+def _checked(
+    result: dict[str, Any], sample: dataset.Sample, limit: int, layers: list[int]
+) -> dict[str, Any]:
+    """The sample's record, once its states are what the row asks for: the same token ids,
+    one state per token in every layer, finite, and not all zero (a layer vLLM did not
+    really run, as with hybrid targets: speculators #613). Called on a writer thread, just
+    before the file is written (:meth:`files.BackgroundWriter.submit`)."""
+    import torch
+
+    states = _checked_ids(result, sample, limit, layers)
+    where = f"line {sample.line} ({sample_file(sample)})"
+    for layer, state in zip(layers, states, strict=True):
+        if problem := worker_writer.state_problem(state, state.shape[0]):
             raise ExtractionError(f"{where}, layer {layer}: {problem}; refusing to write them")
     return {
         "input_ids": result["input_ids"],
@@ -408,7 +407,7 @@ def extract(
             files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
             files.Ledger(out / LEDGER).keep(work.kept)
             extracted = _run(
-                generator, out, work.todo, prints, samples, batch_size, limit, progress
+                generator, out, work.todo, prints, samples, batch_size, limit, progress, handoff
             )
             _save_data_config(generator, out, data, max_model_len, len(samples))
             if verify:
@@ -456,6 +455,7 @@ def _run(
     batch_size: int,
     limit: int,
     progress: bool,
+    handoff: str,
 ) -> Progress:
     """Extract ``todo`` in batches; each file is recorded in the ledger once it is in place.
 
@@ -465,15 +465,11 @@ def _run(
     ledger = files.Ledger(out / LEDGER)
     with _noting_ctrl_c() as pressed:
         try:
-            with files.BackgroundWriter(depth=2 * batch_size, ledger=ledger) as writer:
+            with _writer(handoff, generator, ledger, out, prints, batch_size, limit) as writer:
                 for start in range(0, len(todo), batch_size):
                     batch = todo[start : start + batch_size]
-                    results = generator.generate([s.input_ids for s in batch])
-                    for sample, result in zip(batch, results, strict=True):
-                        check = functools.partial(
-                            _checked, result, sample, limit, generator.layer_ids
-                        )  # on a writer thread: 1.2 of 4.7 s of this loop on the H200
-                        writer.submit(out / sample_file(sample), check, prints[sample.index])
+                    writer.announce(batch)
+                    writer.take(batch, generator.generate([s.input_ids for s in batch]))
                     bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
         except Exception:
             if not pressed:
@@ -484,6 +480,91 @@ def _run(
         finally:
             bar.finish()
     return bar
+
+
+@dataclass
+class _CallerWrites:
+    """The states reach this process; :class:`files.BackgroundWriter` checks and writes them."""
+
+    generator: Any
+    writer: files.BackgroundWriter
+    out: Path
+    prints: list[str]
+    limit: int
+
+    def announce(self, batch: list[dataset.Sample]) -> None:
+        """Nothing to tell anyone before the batch."""
+
+    def take(self, batch: list[dataset.Sample], results: list[dict[str, Any]]) -> None:
+        for sample, result in zip(batch, results, strict=True):
+            check = functools.partial(
+                _checked, result, sample, self.limit, self.generator.layer_ids
+            )  # on a writer thread: 1.2 of 4.7 s of this loop on the H200
+            self.writer.submit(self.out / sample_file(sample), check, self.prints[sample.index])
+
+
+@dataclass
+class _WorkerWrites:
+    """vLLM's worker checks and writes the files (:mod:`specshim.runner.worker_writer`); this
+    process checks what the generator returned and records each file the worker finished."""
+
+    generator: Any
+    client: worker_writer.WorkerFilesClient
+    ledger: files.Ledger
+    out: Path
+    prints: list[str]
+    limit: int
+    _pending: dict[str, dataset.Sample] = field(default_factory=dict)
+
+    def announce(self, batch: list[dataset.Sample]) -> None:
+        ids = worker_writer.request_ids(self.generator, len(batch))
+        expected = []
+        for sample, request_id in zip(batch, ids, strict=True):
+            path = str(self.out / sample_file(sample))
+            self._pending[path] = sample
+            expected.append(worker_writer.Expected(
+                path, request_id, sample.input_ids[: self.limit], sample.loss_mask[: self.limit],
+                f"line {sample.line} ({sample_file(sample)})",
+            ))  # fmt: skip
+        self.client.expect(expected)
+
+    def take(self, batch: list[dataset.Sample], results: list[dict[str, Any]]) -> None:
+        for sample, result in zip(batch, results, strict=True):
+            _checked_ids(result, sample, self.limit, self.generator.layer_ids)
+        self.record(self.client.finished())
+
+    def record(self, finished: list[tuple[str, str | None]]) -> None:
+        """Record each file the worker put in place; its first problem is this run's error."""
+        for path, problem in finished:
+            if problem is not None:
+                raise ExtractionError(problem)
+            sample = self._pending.pop(path)
+            self.ledger.record(Path(path), self.prints[sample.index])
+
+    def close(self) -> None:
+        self.record(self.client.finished(wait=True))
+
+
+@contextlib.contextmanager
+def _writer(
+    handoff: str,
+    generator: Any,
+    ledger: files.Ledger,
+    out: Path,
+    prints: list[str],
+    batch_size: int,
+    limit: int,
+) -> Iterator[_CallerWrites | _WorkerWrites]:
+    """Who writes the files for ``handoff``; on the way out, what was handed over is written
+    (and recorded) before the caller goes on."""
+    if handoff != "worker":
+        with files.BackgroundWriter(depth=2 * batch_size, ledger=ledger) as background:
+            yield _CallerWrites(generator, background, out, prints, limit)
+        return
+    client = worker_writer.WorkerFilesClient(generator, generator.layer_ids)
+    writes = _WorkerWrites(generator, client, ledger, out, prints, limit)
+    yield writes
+    writes.close()
 
 
 def _interrupted(ledger: files.Ledger, resumed: int, count: int) -> Interrupted:
@@ -607,7 +688,7 @@ def _generator(
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ExtractionError(f"vLLM could not start {model}: {first}") from exc
     try:
-        if backend != "native":
+        if backend != "native" and handoff != "worker":  # extract's _writer installs that one
             handoffs.use(generator, handoff)
         yield generator
     finally:

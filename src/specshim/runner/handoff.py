@@ -46,9 +46,12 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: How the states may leave the worker: ``auto`` picks ``ipc`` on one CUDA device (the fastest
-#: there, module docstring) and ``rpc`` (speculators' own way) elsewhere.
-CHOICES = ("auto", "rpc", "ipc", "shm")
+#: ``specshim extract --handoff``: these, and ``worker`` (:mod:`specshim.runner.worker_writer`:
+#: the states stay in the worker, which writes the files); ``auto`` picks ``ipc`` on one CUDA
+#: device (the fastest there, module docstring) and ``rpc`` (speculators' own way) elsewhere.
+CHOICES = ("auto", "rpc", "ipc", "shm", "worker")
+#: The hand-offs :func:`use` offers a caller of the generator (``worker`` writes extract's files).
+FOR_GENERATOR = ("rpc", "ipc", "shm")
 #: Where the ``shm`` buffers live: a tmpfs, so "writing" them is filling memory.
 SHARED_MEMORY = Path("/dev/shm")
 #: Each buffer's name: the worker's process id, then a counter (a grown buffer is a new file).
@@ -62,7 +65,7 @@ _KEPT = "_specshim_shared_states"
 _STATE = "_specshim_handoff"
 
 
-def _each_tensor(states: Any, change: Callable[[Any], Any]) -> Any:
+def each_tensor(states: Any, change: Callable[[Any], Any]) -> Any:
     """``states`` in the shape the generator expects, every tensor replaced by ``change(t)``.
 
     speculators 0.3.0's worker replies with one tensor per layer (a list), 0.4.x with a dict
@@ -74,7 +77,7 @@ def _each_tensor(states: Any, change: Callable[[Any], Any]) -> Any:
     if isinstance(states, list):
         return [change(t) for t in states]
     if isinstance(states, dict):
-        return {key: _each_tensor(layers, change) for key, layers in states.items()}
+        return {key: each_tensor(layers, change) for key, layers in states.items()}
     raise TypeError(
         "state hand-off: expected the worker's captured states as a list of per-layer "
         f"tensors or a dict of request id to such a list, found {type(states).__name__}"
@@ -82,9 +85,9 @@ def _each_tensor(states: Any, change: Callable[[Any], Any]) -> Any:
 
 
 def _tensors(states: Any) -> list[Any]:
-    """The tensors of a reply, in :func:`_each_tensor`'s order."""
+    """The tensors of a reply, in :func:`each_tensor`'s order."""
     found: list[Any] = []
-    _each_tensor(states, found.append)
+    each_tensor(states, found.append)
     return found
 
 
@@ -105,7 +108,7 @@ class _SharedCudaTensor:
 
 def shareable(states: Any) -> Any:
     """``states`` with every tensor replaced by its CUDA IPC handle."""
-    return _each_tensor(states, _SharedCudaTensor)
+    return each_tensor(states, _SharedCudaTensor)
 
 
 # ---- shm: one shared host buffer ------------------------------------------------------------
@@ -198,7 +201,7 @@ class HostBuffer:
             import torch
 
             torch.cuda.current_stream().synchronize()
-        return _each_tensor(states, lambda t: views[id(t)])
+        return each_tensor(states, lambda t: views[id(t)])
 
 
 #: The caller's mappings of the workers' buffers: file name -> uint8 tensor.
@@ -324,8 +327,9 @@ def state(worker: Any) -> dict[str, Any] | None:
 
 
 def choose(handoff: str, tensor_parallel_size: int = 1) -> str:
-    """``rpc``, ``ipc`` or ``shm`` for the option ``handoff``; a name outside :data:`CHOICES`,
-    or ``ipc`` where torch sees no CUDA device, is refused with one line (``ValueError``).
+    """``rpc``, ``ipc``, ``shm`` or ``worker`` for the option ``handoff``; a name outside
+    :data:`CHOICES`, or ``ipc`` where torch sees no CUDA device, is refused with one line
+    (``ValueError``).
 
     ``auto`` keeps the RPC path under tensor parallelism (not yet measured there; ask for
     ``ipc`` or ``shm`` to try it) and on the CPU. Asks torch, not vLLM, so that it runs
@@ -348,8 +352,8 @@ def use(generator: Any, how: str) -> None:
     as it is). See the module docstring for the contract."""
     if how == "rpc":
         return
-    if how not in CHOICES:
-        raise ValueError(f"hand-off must be one of {', '.join(CHOICES[1:])}, got {how!r}")
+    if how not in FOR_GENERATOR:
+        raise ValueError(f"hand-off must be one of {', '.join(FOR_GENERATOR)}, got {how!r}")
     if how == "shm":
         with contextlib.suppress(OSError):
             remove_stale_buffers()

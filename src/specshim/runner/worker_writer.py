@@ -1,0 +1,287 @@
+"""The ``worker`` hand-off: vLLM's worker writes each sample's file itself.
+
+With the other hand-offs (:mod:`specshim.runner.handoff`) every state still reaches the caller,
+where speculators' generator slices it per request and copies it to the host one sample and
+layer at a time (``.clone().cpu()``, pageable): on the H200 that loop was what held
+``specshim extract`` below vLLM's prefill (docs/benchmarks.md section 6). Here the states stay
+in the worker. Before each ``generate`` the caller tells the worker what the batch is
+(:meth:`WorkerFiles.expect`: each sample's file, token ids and loss mask); when the generator
+fetches the captured states, the worker splits them per request exactly as the generator would,
+copies them into page-locked host memory on a side stream, and its writer threads check each
+sample (:func:`state_problem`) and write ``data_{i}.pt`` atomically (fsynced, renamed into
+place: :func:`specshim.runner.files.save_torch`). The generator receives states of the same
+shapes with no columns (``[tokens, 0]``), so its own loop costs nothing; the caller checks
+their token counts and records each file in the ledger once the worker says it is in place
+(:meth:`WorkerFiles.finished`). The files hold the tensors the generator would have returned,
+bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu on the H200).
+
+How the worker splits a reply is each speculators release's own: 0.3.0 replies one tensor per
+layer, the batch's requests concatenated in input order (the generator slices them by prompt
+length); 0.4.x a dict of request id to that list, the ids being ``req_{call}_{i}``
+(:func:`request_ids`). A reply of another shape, or other ids, is an error naming what was
+expected and what was found. A fetch the caller did not announce (``extract --verify``'s single
+requests) is answered as speculators' RPC answers it, states and all.
+
+Only ``specshim extract`` uses this hand-off: what the generator returns while it is on holds
+no states. Only the worker whose reply the generator reads (rank 0) writes; under tensor
+parallelism every rank holds the full states after the all-reduce.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specshim.runner import files
+from specshim.runner.handoff import each_tensor
+
+#: The worker attribute holding its :class:`WorkerFiles`.
+_STATE = "_specshim_worker_files"
+#: Batches whose files may be pending in the worker at once; :meth:`WorkerFiles.expect` waits
+#: for the oldest beyond it, which bounds the page-locked memory held.
+IN_FLIGHT = 2
+
+
+def state_problem(state: Any, tokens: int) -> str | None:
+    """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
+
+    One pass of ``aminmax`` (it propagates NaN; Inf is an end): ``isfinite(...).all()`` plus
+    ``any()`` cost 11 of 15 s of an extraction on the H200 (docs/benchmarks.md), this about
+    a tenth of that on the CPU."""
+    import torch
+
+    if state.shape[0] != tokens:
+        return f"states for {state.shape[0]} tokens, the row has {tokens}"
+    low, high = torch.aminmax(state)
+    if not (torch.isfinite(low) and torch.isfinite(high)):
+        return "states hold NaN or Inf"
+    if low == 0 and high == 0:
+        return "states are all zero"
+    return None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One sample of the announced batch: where its file goes and what it is made of."""
+
+    path: str
+    request_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    where: str  # "line 7 (data_6.pt)", for messages
+
+
+def request_ids(generator: Any, count: int) -> list[str]:
+    """The ids the generator's next ``generate`` of ``count`` prompts gives its requests.
+
+    Both speculators releases name them ``req_{call}_{i}``, ``call`` being the generator's
+    ``_request_counter``; only 0.4.x's reply is keyed by them. Were that to change, the worker
+    finds other ids than these and says so (:meth:`WorkerFiles.split`)."""
+    call = generator._request_counter
+    return [f"req_{call}_{i}" for i in range(count)]
+
+
+@dataclass
+class WorkerFiles:
+    """The worker's side: the announced batch, the writer threads, what they finished."""
+
+    layers: list[int]
+    #: Writer threads: several, since one file's fsync leaves the disk waiting.
+    threads: int = files.WRITER_THREADS
+    replies: int = 0
+    written: int = 0
+    pinned: bool = False
+    _expected: list[Expected] | None = None
+    _batches: list[list[Future[str | None]]] = field(default_factory=list)
+    _done: list[tuple[str, str | None]] = field(default_factory=list)
+    _failed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="specshim-worker-writer")
+
+    def expect(self, batch: list[Expected]) -> None:
+        """The next fetch is for ``batch``, in input order. Waits while :data:`IN_FLIGHT`
+        earlier batches are still being written."""
+        while len(self._batches) >= IN_FLIGHT:
+            for future in self._batches.pop(0):
+                future.result()
+        self._expected = batch
+
+    def reply(self, states: Any) -> Any:
+        """The generator's reply for ``states``: unchanged when no batch was announced, else
+        their shapes without columns, the files being written meanwhile."""
+        if self._expected is None:
+            return states
+        batch, self._expected = self._expected, None
+        self.replies += 1
+        per_sample = self.split(states, batch)
+        host = self._to_host(per_sample)
+        self._batches.append(
+            [self._pool.submit(self._write, e, s) for e, s in zip(batch, host, strict=True)]
+        )
+        return each_tensor(states, _columnless)
+
+    def split(self, states: Any, batch: list[Expected]) -> list[list[Any]]:
+        """Each announced sample's per-layer states, as the generator itself would slice them."""
+        if isinstance(states, list):  # speculators 0.3.0: requests concatenated in input order
+            total = sum(len(e.input_ids) for e in batch)
+            if any(s.shape[0] != total for s in states):
+                raise RuntimeError(
+                    f"worker writer: expected {total} tokens of states for the batch, found "
+                    f"{[s.shape[0] for s in states]} per layer"
+                )
+            ends = list(itertools.accumulate(len(e.input_ids) for e in batch))
+            return [[s[a:b] for s in states] for a, b in itertools.pairwise([0, *ends])]
+        if isinstance(states, dict) and set(states) == {e.request_id for e in batch}:
+            return [list(states[e.request_id]) for e in batch]  # speculators 0.4.x
+        found = sorted(states) if isinstance(states, dict) else type(states).__name__
+        raise RuntimeError(
+            "worker writer: expected the captured states as a list of per-layer tensors or a "
+            f"dict keyed by {[e.request_id for e in batch]}, found {found}"
+        )
+
+    def _to_host(self, per_sample: list[list[Any]]) -> list[Callable[[], list[Any]]]:
+        """For each sample, a function giving its per-layer states on the host, each its own
+        tensor (``torch.save`` writes a view's whole storage). On a CUDA device the copies go
+        to page-locked memory on a side stream now, and the function waits for them; on the
+        CPU it clones."""
+        import torch
+
+        if not per_sample or not per_sample[0] or not per_sample[0][0].is_cuda:
+            return [functools.partial(_cloned, layers) for layers in per_sample]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        copies = []
+        with torch.cuda.stream(side):
+            for layers in per_sample:
+                host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in layers]
+                for place, t in zip(host, layers, strict=True):
+                    place.copy_(t, non_blocking=True)
+                    t.record_stream(side)  # not reused before the copy is done
+                copies.append(host)
+        done = torch.cuda.Event()
+        done.record(side)
+        self.pinned = True
+        return [functools.partial(_when_copied, done, host) for host in copies]
+
+    def _write(self, expected: Expected, states: Callable[[], list[Any]]) -> str | None:
+        """On a writer thread: check the sample's states and write its file; the problem that
+        kept it from being written, or None."""
+        import torch
+
+        if self._failed:
+            return None
+        problem = None
+        layers = states()
+        for layer, state in zip(self.layers, layers, strict=True):
+            if found := state_problem(state, len(expected.input_ids)):
+                problem = f"{expected.where}, layer {layer}: {found}; refusing to write them"
+                break
+        if problem is None:
+            record = {
+                "input_ids": torch.tensor(expected.input_ids, dtype=torch.long),
+                "hidden_states": [t.contiguous() for t in layers],
+                "loss_mask": torch.tensor(expected.loss_mask, dtype=torch.long),
+            }
+            try:
+                files.save_torch(Path(expected.path), record)
+            except Exception as exc:  # noqa: BLE001 a failed write, told to the caller
+                problem = f"writing extracted samples failed: {exc}"
+        with self._lock:
+            self._failed = self._failed or problem is not None
+            self.written += problem is None
+            self._done.append((expected.path, problem))
+        return problem
+
+    def finished(self, wait: bool) -> list[tuple[str, str | None]]:
+        """The files finished since the last call, each with the problem that kept it from
+        being written (None: in place); with ``wait``, once every file handed over is."""
+        if wait:
+            for batch in self._batches:
+                for future in batch:
+                    future.result()
+            self._batches.clear()
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+
+def _cloned(layers: list[Any]) -> list[Any]:
+    return [t.clone() for t in layers]
+
+
+def _when_copied(done: Any, host: list[Any]) -> list[Any]:
+    done.synchronize()
+    return host
+
+
+def _columnless(tensor: Any) -> Any:
+    """An empty ``[rows, 0]`` host tensor of ``tensor``'s dtype: what the generator receives."""
+    import torch
+
+    return torch.empty((tensor.shape[0], 0), dtype=tensor.dtype)
+
+
+# ---- run in the worker through collective_rpc ----------------------------------------------
+
+
+def _install(worker: Any, layers: list[int]) -> bool:
+    """Make rank 0's ``_get_captured_states`` reply through a :class:`WorkerFiles`."""
+    if getattr(worker, "rank", 0) != 0:
+        return False
+    fetch = worker._get_captured_states
+    writer = WorkerFiles(layers)
+    worker._get_captured_states = lambda: writer.reply(fetch())
+    setattr(worker, _STATE, writer)
+    return True
+
+
+def _expect(worker: Any, batch: list[Expected]) -> None:
+    writer = getattr(worker, _STATE, None)
+    if writer is not None:
+        writer.expect(batch)
+
+
+def _finished(worker: Any, wait: bool) -> list[tuple[str, str | None]] | None:
+    writer = getattr(worker, _STATE, None)
+    return None if writer is None else writer.finished(wait)
+
+
+def state(worker: Any) -> dict[str, Any] | None:
+    """Run in a vLLM worker: how many batches it was announced and files it wrote, and whether
+    its host copies were page-locked; ``None`` where the hand-off is not installed."""
+    writer = getattr(worker, _STATE, None)
+    if writer is None:
+        return None
+    return {"how": "worker", "replies": writer.replies, "written": writer.written,
+            "pinned": writer.pinned}  # fmt: skip
+
+
+# ---- the caller's side -----------------------------------------------------------------------
+
+
+def _rank0(replies: list[Any]) -> Any:
+    """The reply of the one worker that has the hand-off (the others answer None)."""
+    return next((r for r in replies if r is not None), None)
+
+
+class WorkerFilesClient:
+    """The caller's handle on the worker's writer: announce batches, collect finished files."""
+
+    def __init__(self, generator: Any, layers: list[int]) -> None:
+        self.generator = generator
+        if not any(generator.executor.collective_rpc(_install, args=(layers,))):
+            raise RuntimeError("worker writer: no vLLM worker of rank 0 took the hand-off")
+
+    def expect(self, batch: list[Expected]) -> None:
+        self.generator.executor.collective_rpc(_expect, args=(batch,))
+
+    def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
+        return _rank0(self.generator.executor.collective_rpc(_finished, args=(wait,))) or []
