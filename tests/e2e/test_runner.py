@@ -165,13 +165,14 @@ def test_files_written_in_the_worker_equal_the_generators(
 ) -> None:
     """--handoff worker: vLLM's worker writes the files; they hold the tensors the generator
     returns through speculators' RPC, bit for bit, for 0.3.0's concatenated reply and 0.4's
-    reply keyed by request (13 prompts in a batch: ids up to req_0_12), and resume keeps them."""
+    reply keyed by request, and resume keeps them. 40 prompts in a batch: request_batching
+    splits it into two calls of the generator (32 + 8), each fetched on its own."""
     masked = [{**r, "loss_mask": [int((i + j) % 3 != 0) for j in range(len(r["input_ids"]))]}
-              for i, r in enumerate(rows(four_layers, 13))]  # fmt: skip
+              for i, r in enumerate(rows(four_layers, 40))]  # fmt: skip
     dataset = write_rows(tmp_path / "data.jsonl", masked)
     outs = {how: tmp_path / how for how in ("rpc", "worker")}
     for how, out in outs.items():
-        done = extract_cmd(four_layers, dataset, out, "--handoff", how, "--batch-size", "13",
+        done = extract_cmd(four_layers, dataset, out, "--handoff", how, "--batch-size", "40",
                            speculators=speculators)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"states handed over by {how})" in done.stdout
@@ -183,7 +184,7 @@ def test_files_written_in_the_worker_equal_the_generators(
         assert len(by_worker["hidden_states"]) == 4
     again = extract_cmd(four_layers, dataset, outs["worker"], "--handoff", "worker",
                         speculators=speculators)  # fmt: skip
-    assert "samples: 13 (0 extracted, 13 already done)" in again.stdout, again.stdout
+    assert "samples: 40 (0 extracted, 40 already done)" in again.stdout, again.stdout
 
 
 def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> None:

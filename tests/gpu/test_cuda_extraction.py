@@ -184,12 +184,13 @@ def test_files_written_in_the_worker_equal_the_ipc_paths_on_the_gpu(
     speculators, tiny_models, tmp_path
 ) -> None:
     """``--handoff worker`` (page-locked copies on a side stream, written in vLLM's worker)
-    against ``--handoff ipc`` on CUDA vLLM: the same files, bit for bit, 13 to a batch."""
+    against ``--handoff ipc`` on CUDA vLLM: the same files, bit for bit; 40 to a batch, which
+    request_batching splits into two calls of the generator, then 5."""
     from e2e.test_runner import assert_equal_files
     from specshim.testbed import data
 
-    dataset = data.write(tmp_path / "data.jsonl", count=26)
+    dataset = data.write(tmp_path / "data.jsonl", count=45)
     for how in ("ipc", "worker"):
         gpu_extract(speculators, tiny_models["llama"], dataset, tmp_path / how,
-                    "--backend", "generator", "--handoff", how, "--batch-size", "13")  # fmt: skip
-    assert assert_equal_files(tmp_path / "ipc", tmp_path / "worker") == 26
+                    "--backend", "generator", "--handoff", how, "--batch-size", "40")  # fmt: skip
+    assert assert_equal_files(tmp_path / "ipc", tmp_path / "worker") == 45

@@ -11,17 +11,28 @@ import torch
 from specshim.runner.worker_writer import Expected, WorkerFiles
 
 
-def expected(tmp_path: Path, lengths: list[int], call: int = 0) -> list[Expected]:
+def expected(tmp_path: Path, lengths: list[int]) -> list[Expected]:
     return [
-        Expected(str(tmp_path / f"data_{i}.pt"), f"req_{call}_{i}", list(range(10 + i, 10 + i + n)),
-                 [i % 2] * n, f"line {i + 1} (data_{i}.pt)")
+        Expected(str(tmp_path / f"data_{i}.pt"), list(range(10 + i, 10 + i + n)), [i % 2] * n,
+                 f"line {i + 1} (data_{i}.pt)")
         for i, n in enumerate(lengths)
     ]  # fmt: skip
 
 
-def written(writer: WorkerFiles) -> list[tuple[str, str | None]]:
-    done = writer.finished(wait=True)
-    return sorted(done)
+def keyed(call: int, per_request: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """speculators 0.4.x's reply for one call: ``req_{call}_{i}`` -> per-layer states, the
+    ids in the string order 0.4 sorts them in."""
+    return {f"req_{call}_{i}": [t] for i, t in sorted(enumerate(per_request), key=str)}
+
+
+def assert_written(batch: list[Expected], states: list[list[torch.Tensor]]) -> None:
+    for e, layers in zip(batch, states, strict=True):
+        saved = torch.load(e.path, weights_only=True)
+        assert saved["input_ids"].tolist() == e.input_ids
+        assert saved["loss_mask"].tolist() == e.loss_mask
+        for got, want in zip(saved["hidden_states"], layers, strict=True):
+            assert got.dtype == want.dtype and torch.equal(got, want)
+            assert got.untyped_storage().nbytes() == got.numel() * got.element_size()
 
 
 def test_concatenated_reply_is_split_in_input_order_and_written(tmp_path) -> None:
@@ -32,30 +43,40 @@ def test_concatenated_reply_is_split_in_input_order_and_written(tmp_path) -> Non
     writer.expect(batch)
     reply = writer.reply(layers)
     assert [tuple(t.shape) for t in reply] == [(10, 0), (10, 0)]
-    assert written(writer) == [(e.path, None) for e in batch]
-    for e, (a, b) in zip(batch, [(0, 3), (3, 8), (8, 10)], strict=True):
-        saved = torch.load(e.path, weights_only=True)
-        assert saved["input_ids"].tolist() == e.input_ids
-        assert saved["loss_mask"].tolist() == e.loss_mask
-        for got, layer in zip(saved["hidden_states"], layers, strict=True):
-            assert got.dtype == torch.bfloat16 and torch.equal(got, layer[a:b])
-            assert got.untyped_storage().nbytes() == got.numel() * 2  # its own storage
+    assert sorted(writer.finished(wait=True)) == [(e.path, None) for e in batch]
+    assert_written(batch, [[t[a:b] for t in layers] for a, b in [(0, 3), (3, 8), (8, 10)]])
     assert writer.written == 3
 
 
-def test_reply_keyed_by_request_is_written_by_id_not_by_position(tmp_path) -> None:
-    """speculators 0.4.x's reply: request id -> per-layer states, in any order."""
-    batch = expected(tmp_path, [2, 4], call=7)
-    states = {e.request_id: [torch.full((len(e.input_ids), 4), float(i + 1))]
-              for i, e in enumerate(batch)}  # fmt: skip
+def test_reply_keyed_by_request_is_written_by_place_not_by_key_order(tmp_path) -> None:
+    """speculators 0.4.x's reply, 12 requests: as strings req_0_10 sorts before req_0_2."""
+    batch = expected(tmp_path, [2] * 12)
+    states = [torch.full((2, 4), float(i + 1)) for i in range(12)]
     writer = WorkerFiles(layers=[2])
     writer.expect(batch)
-    reply = writer.reply(dict(reversed(states.items())))
-    assert {k: v[0].shape for k, v in reply.items()} == {"req_7_1": (4, 0), "req_7_0": (2, 0)}
-    assert written(writer) == [(e.path, None) for e in batch]
-    for i, e in enumerate(batch):
-        assert torch.equal(torch.load(e.path)["hidden_states"][0], states[e.request_id][0])
-        assert torch.load(e.path)["hidden_states"][0][0, 0] == i + 1
+    reply = writer.reply(keyed(7, states))
+    assert {k: v[0].shape for k, v in reply.items()} == {f"req_7_{i}": (2, 0) for i in range(12)}
+    assert len(writer.finished(wait=True)) == 12
+    assert_written(batch, [[t] for t in states])
+
+
+def test_one_announcement_fetched_in_several_calls(tmp_path) -> None:
+    """specshim's request_batching splits one generate into calls, each fetched on its own."""
+    batch = expected(tmp_path, [2, 3, 1, 4])
+    states = [torch.randn(n, 4) for n in (2, 3, 1, 4)]
+    by_list, by_dict = WorkerFiles(layers=[0]), WorkerFiles(layers=[0])
+    by_list.expect(batch[:])
+    by_list.reply([torch.cat(states[:3])])
+    by_list.reply([states[3]])
+    assert len(by_list.finished(wait=True)) == 4
+    assert_written(batch, [[t] for t in states])
+    for e in batch:
+        Path(e.path).unlink()
+    by_dict.expect(batch)
+    by_dict.reply(keyed(0, states[:1]))
+    by_dict.reply(keyed(1, states[1:]))
+    assert len(by_dict.finished(wait=True)) == 4
+    assert_written(batch, [[t] for t in states])
 
 
 def test_a_fetch_that_was_not_announced_is_answered_with_the_states() -> None:
@@ -63,20 +84,27 @@ def test_a_fetch_that_was_not_announced_is_answered_with_the_states() -> None:
     assert WorkerFiles(layers=[1]).reply(states) is states
 
 
-def test_other_request_ids_are_an_error_naming_both(tmp_path) -> None:
+def test_announced_samples_never_fetched_are_an_error(tmp_path) -> None:
+    writer = WorkerFiles(layers=[1])
+    writer.expect(expected(tmp_path, [2, 2]))
+    writer.reply(keyed(0, [torch.ones(2, 4)]))
+    with pytest.raises(RuntimeError, match=r"1 announced samples were never fetched, the first "
+                                           r"line 2 \(data_1.pt\)"):  # fmt: skip
+        writer.finished(wait=True)
+
+
+def test_other_request_ids_are_an_error_naming_them(tmp_path) -> None:
     writer = WorkerFiles(layers=[1])
     writer.expect(expected(tmp_path, [2]))
-    with pytest.raises(RuntimeError, match=r"keyed by \['req_0_0'\], found \['request-0'\]"):
+    with pytest.raises(RuntimeError, match=r"req_\{call\}_\{i\} .* found \['request-0'\]"):
         writer.reply({"request-0": [torch.ones(2, 4)]})
 
 
-def test_other_token_counts_are_an_error(tmp_path) -> None:
+def test_a_reply_that_splits_a_prompt_is_an_error(tmp_path) -> None:
     writer = WorkerFiles(layers=[1])
     writer.expect(expected(tmp_path, [2, 2]))
-    with pytest.raises(
-        RuntimeError, match=r"expected 4 tokens of states for the batch, found \[5\]"
-    ):
-        writer.reply([torch.ones(5, 4)])
+    with pytest.raises(RuntimeError, match=r"found \[3\] tokens per layer, the prompts' ends"):
+        writer.reply([torch.ones(3, 4)])
 
 
 def test_a_refused_sample_is_not_written_and_stops_the_writing(tmp_path) -> None:

@@ -517,13 +517,12 @@ class _WorkerWrites:
     _pending: dict[str, dataset.Sample] = field(default_factory=dict)
 
     def announce(self, batch: list[dataset.Sample]) -> None:
-        ids = worker_writer.request_ids(self.generator, len(batch))
         expected = []
-        for sample, request_id in zip(batch, ids, strict=True):
+        for sample in batch:
             path = str(self.out / sample_file(sample))
             self._pending[path] = sample
             expected.append(worker_writer.Expected(
-                path, request_id, sample.input_ids[: self.limit], sample.loss_mask[: self.limit],
+                path, sample.input_ids[: self.limit], sample.loss_mask[: self.limit],
                 f"line {sample.line} ({sample_file(sample)})",
             ))  # fmt: skip
         self.client.expect(expected)

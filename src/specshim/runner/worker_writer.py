@@ -6,7 +6,8 @@ layer at a time (``.clone().cpu()``, pageable): on the H200 that loop was what h
 ``specshim extract`` below vLLM's prefill (docs/benchmarks.md section 6). Here the states stay
 in the worker. Before each ``generate`` the caller tells the worker what the batch is
 (:meth:`WorkerFiles.expect`: each sample's file, token ids and loss mask); when the generator
-fetches the captured states, the worker splits them per request exactly as the generator would,
+fetches the captured states, the worker takes the announced samples the reply holds and splits
+the states per request exactly as the generator would,
 copies them into page-locked host memory on a side stream, and its writer threads check each
 sample (:func:`state_problem`) and write ``data_{i}.pt`` atomically (fsynced, renamed into
 place: :func:`specshim.runner.files.save_torch`). The generator receives states of the same
@@ -16,9 +17,9 @@ their token counts and records each file in the ledger once the worker says it i
 bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu on the H200).
 
 How the worker splits a reply is each speculators release's own: 0.3.0 replies one tensor per
-layer, the batch's requests concatenated in input order (the generator slices them by prompt
+layer, the call's requests concatenated in input order (the generator slices them by prompt
 length); 0.4.x a dict of request id to that list, the ids being ``req_{call}_{i}``
-(:func:`request_ids`). A reply of another shape, or other ids, is an error naming what was
+(:func:`positions`). A reply of another shape, or other ids, is an error naming what was
 expected and what was found. A fetch the caller did not announce (``extract --verify``'s single
 requests) is answered as speculators' RPC answers it, states and all.
 
@@ -29,10 +30,12 @@ parallelism every rank holds the full states after the all-reduce.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +46,9 @@ from specshim.runner.handoff import each_tensor
 
 #: The worker attribute holding its :class:`WorkerFiles`.
 _STATE = "_specshim_worker_files"
-#: Batches whose files may be pending in the worker at once; :meth:`WorkerFiles.expect` waits
-#: for the oldest beyond it, which bounds the page-locked memory held.
-IN_FLIGHT = 2
+#: States (bytes) that may wait to be written in the worker's host memory; beyond that a
+#: fetch waits for the oldest (:meth:`WorkerFiles.reply`).
+PENDING_BYTES = 4 << 30
 
 
 def state_problem(state: Any, tokens: int) -> str | None:
@@ -68,28 +71,44 @@ def state_problem(state: Any, tokens: int) -> str | None:
 
 @dataclass(frozen=True)
 class Expected:
-    """One sample of the announced batch: where its file goes and what it is made of."""
+    """One announced sample: where its file goes and what it is made of."""
 
     path: str
-    request_id: str
     input_ids: list[int]
     loss_mask: list[int]
     where: str  # "line 7 (data_6.pt)", for messages
 
 
-def request_ids(generator: Any, count: int) -> list[str]:
-    """The ids the generator's next ``generate`` of ``count`` prompts gives its requests.
+#: speculators' request ids, ``req_{call}_{i}``: ``i`` is the prompt's place in that call.
+REQUEST_ID = re.compile(r"req_(\d+)_(\d+)")
 
-    Both speculators releases name them ``req_{call}_{i}``, ``call`` being the generator's
-    ``_request_counter``; only 0.4.x's reply is keyed by them. Were that to change, the worker
-    finds other ids than these and says so (:meth:`WorkerFiles.split`)."""
-    call = generator._request_counter
-    return [f"req_{call}_{i}" for i in range(count)]
+
+def positions(keys: Iterable[str]) -> dict[int, str]:
+    """Each request id of one 0.4.x reply by the prompt's place in its call (0, 1, ...).
+
+    speculators 0.4.x names the requests of one ``generate`` call ``req_{call}_{i}``, and its
+    reply is keyed by them; another naming, or places that are not ``0..n-1`` of one call,
+    is an error naming what was found."""
+    keys = list(keys)
+    found = [REQUEST_ID.fullmatch(k) for k in keys]
+    places = {int(m.group(2)): m.group(0) for m in found if m}
+    calls = {m.group(1) for m in found if m}
+    if len(calls) != 1 or sorted(places) != list(range(len(keys))):
+        raise RuntimeError(
+            "worker writer: expected the reply's request ids as req_{call}_{i} for i = 0.."
+            f"{len(keys) - 1} of one call (speculators 0.4's naming), found {sorted(keys)[:8]}"
+        )
+    return places
 
 
 @dataclass
 class WorkerFiles:
-    """The worker's side: the announced batch, the writer threads, what they finished."""
+    """The worker's side: the announced samples not yet fetched, the writer threads, what
+    they finished.
+
+    specshim's ``request_batching`` adapter splits one ``generate`` into calls that one
+    scheduler step can finish, each with its own fetch; each fetch takes as many announced
+    samples, in order, as its reply holds."""
 
     layers: list[int]
     #: Writer threads: several, since one file's fsync leaves the disk waiting.
@@ -97,8 +116,10 @@ class WorkerFiles:
     replies: int = 0
     written: int = 0
     pinned: bool = False
-    _expected: list[Expected] | None = None
-    _batches: list[list[Future[str | None]]] = field(default_factory=list)
+    _queue: collections.deque[Expected] = field(default_factory=collections.deque)
+    _pending: collections.deque[tuple[list[Future[None]], int]] = field(
+        default_factory=collections.deque
+    )
     _done: list[tuple[str, str | None]] = field(default_factory=list)
     _failed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -107,45 +128,71 @@ class WorkerFiles:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="specshim-worker-writer")
 
     def expect(self, batch: list[Expected]) -> None:
-        """The next fetch is for ``batch``, in input order. Waits while :data:`IN_FLIGHT`
-        earlier batches are still being written."""
-        while len(self._batches) >= IN_FLIGHT:
-            for future in self._batches.pop(0):
-                future.result()
-        self._expected = batch
+        """The next fetches are for ``batch``, in input order."""
+        self.check_fetched()
+        self._queue.extend(batch)
+
+    def check_fetched(self) -> None:
+        """Raise if announced samples were never fetched (their files would be missing)."""
+        if self._queue:
+            raise RuntimeError(
+                f"worker writer: {len(self._queue)} announced samples were never fetched, "
+                f"the first {self._queue[0].where}"
+            )
 
     def reply(self, states: Any) -> Any:
-        """The generator's reply for ``states``: unchanged when no batch was announced, else
+        """The generator's reply for ``states``: unchanged when nothing is announced, else
         their shapes without columns, the files being written meanwhile."""
-        if self._expected is None:
+        if not self._queue or states is None:
             return states
-        batch, self._expected = self._expected, None
         self.replies += 1
-        per_sample = self.split(states, batch)
+        batch, per_sample = self.split(states)
+        nbytes = sum(t.numel() * t.element_size() for layers in per_sample for t in layers)
+        self._wait_for_room(nbytes)
         host = self._to_host(per_sample)
-        self._batches.append(
-            [self._pool.submit(self._write, e, s) for e, s in zip(batch, host, strict=True)]
-        )
+        jobs = [self._pool.submit(self._write, e, h) for e, h in zip(batch, host, strict=True)]
+        self._pending.append((jobs, nbytes))
         return each_tensor(states, _columnless)
 
-    def split(self, states: Any, batch: list[Expected]) -> list[list[Any]]:
-        """Each announced sample's per-layer states, as the generator itself would slice them."""
-        if isinstance(states, list):  # speculators 0.3.0: requests concatenated in input order
-            total = sum(len(e.input_ids) for e in batch)
-            if any(s.shape[0] != total for s in states):
-                raise RuntimeError(
-                    f"worker writer: expected {total} tokens of states for the batch, found "
-                    f"{[s.shape[0] for s in states]} per layer"
-                )
+    def split(self, states: Any) -> tuple[list[Expected], list[list[Any]]]:
+        """The announced samples this reply holds, and each one's per-layer states, sliced as
+        the generator itself slices them."""
+        if isinstance(states, list):  # 0.3.0: the call's requests concatenated in input order
+            total = states[0].shape[0] if states else 0
+            batch: list[Expected] = []
+            taken = 0
+            while self._queue and taken < total:
+                batch.append(self._queue.popleft())
+                taken += len(batch[-1].input_ids)
             ends = list(itertools.accumulate(len(e.input_ids) for e in batch))
-            return [[s[a:b] for s in states] for a, b in itertools.pairwise([0, *ends])]
-        if isinstance(states, dict) and set(states) == {e.request_id for e in batch}:
-            return [list(states[e.request_id]) for e in batch]  # speculators 0.4.x
-        found = sorted(states) if isinstance(states, dict) else type(states).__name__
+            if not ends or ends[-1] != total or any(s.shape[0] != total for s in states):
+                raise RuntimeError(
+                    f"worker writer: expected a reply of whole announced prompts, found "
+                    f"{[s.shape[0] for s in states]} tokens per layer, the prompts' ends at "
+                    f"{ends[-3:]}"
+                )
+            return batch, [[s[a:b] for s in states] for a, b in itertools.pairwise([0, *ends])]
+        if isinstance(states, dict):  # 0.4.x: request id -> per-layer states
+            places = positions(states)
+            if len(places) > len(self._queue):
+                raise RuntimeError(
+                    f"worker writer: a reply for {len(places)} requests, "
+                    f"{len(self._queue)} announced"
+                )
+            batch = [self._queue.popleft() for _ in places]
+            return batch, [list(states[places[i]]) for i in range(len(batch))]
         raise RuntimeError(
             "worker writer: expected the captured states as a list of per-layer tensors or a "
-            f"dict keyed by {[e.request_id for e in batch]}, found {found}"
+            f"dict of request id to such a list, found {type(states).__name__}"
         )
+
+    def _wait_for_room(self, nbytes: int) -> None:
+        """Block the worker while the states being written, with these, would pass
+        :data:`PENDING_BYTES` (one fetch's are always let through): bounds the host memory."""
+        while self._pending and sum(n for _, n in self._pending) + nbytes > PENDING_BYTES:
+            jobs, _ = self._pending.popleft()
+            for job in jobs:
+                job.result()
 
     def _to_host(self, per_sample: list[list[Any]]) -> list[Callable[[], list[Any]]]:
         """For each sample, a function giving its per-layer states on the host, each its own
@@ -171,13 +218,13 @@ class WorkerFiles:
         self.pinned = True
         return [functools.partial(_when_copied, done, host) for host in copies]
 
-    def _write(self, expected: Expected, states: Callable[[], list[Any]]) -> str | None:
+    def _write(self, expected: Expected, states: Callable[[], list[Any]]) -> None:
         """On a writer thread: check the sample's states and write its file; the problem that
         kept it from being written, or None."""
         import torch
 
         if self._failed:
-            return None
+            return
         problem = None
         layers = states()
         for layer, state in zip(self.layers, layers, strict=True):
@@ -198,16 +245,16 @@ class WorkerFiles:
             self._failed = self._failed or problem is not None
             self.written += problem is None
             self._done.append((expected.path, problem))
-        return problem
 
     def finished(self, wait: bool) -> list[tuple[str, str | None]]:
         """The files finished since the last call, each with the problem that kept it from
-        being written (None: in place); with ``wait``, once every file handed over is."""
+        being written (None: in place); with ``wait``, once every file handed over is, and
+        every announced sample was fetched."""
         if wait:
-            for batch in self._batches:
-                for future in batch:
-                    future.result()
-            self._batches.clear()
+            while self._pending:
+                for job in self._pending.popleft()[0]:
+                    job.result()
+            self.check_fetched()
         with self._lock:
             done, self._done = self._done, []
         return done
