@@ -148,8 +148,9 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         choices=handoffs.CHOICES,
         default="auto",
         help="how the hidden states leave vLLM's worker: speculators' RPC, CUDA IPC (a CUDA "
-        "device only), or one shared host buffer in /dev/shm (the same tensors bit for bit "
-        "each way; docs/benchmarks.md section 6); auto: ipc on one CUDA device, rpc otherwise",
+        "device only), one shared host buffer in /dev/shm, or not at all: the worker writes "
+        "the files (the same tensors bit for bit each way; docs/benchmarks.md section 6); "
+        "auto: worker on one CUDA device, rpc otherwise",
     )
     command.add_argument(
         "--backend",

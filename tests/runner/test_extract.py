@@ -245,7 +245,7 @@ def test_relative_error_is_the_worst_token() -> None:
 
 def test_summary_states_the_throughput_definition() -> None:
     text = extract.Summary(samples=3, extracted=3, resumed=0, truncated=0).text()
-    assert "(tokens extracted / time from the engine's start to the last batch; " in text
+    assert "(tokens extracted / time from the engine's start to the last file written; " in text
     assert "states handed over by rpc)" in text
 
 

@@ -53,7 +53,7 @@ def test_an_unknown_shape_is_named() -> None:
 
 
 def test_a_handoff_name_outside_the_choices_is_one_line() -> None:
-    expected = "--handoff must be one of auto, rpc, ipc, shm, got 'nccl'"
+    expected = "--handoff must be one of auto, rpc, ipc, shm, worker, got 'nccl'"
     with pytest.raises(ValueError, match=expected):
         handoff.choose("nccl")
 
@@ -101,8 +101,9 @@ def test_buffers_of_processes_that_are_gone_are_removed(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("kind", "handoff_option", "tensor_parallel_size", "chosen"),
     [
-        ("cuda", "auto", 1, "ipc"),
+        ("cuda", "auto", 1, "worker"),
         ("cuda", "auto", 8, "rpc"),  # not yet measured under tensor parallelism
+        ("cpu", "worker", 1, "worker"),
         ("cuda", "ipc", 8, "ipc"),
         ("cuda", "rpc", 1, "rpc"),
         ("cpu", "auto", 1, "rpc"),
@@ -110,7 +111,7 @@ def test_buffers_of_processes_that_are_gone_are_removed(tmp_path) -> None:
         ("cpu", "shm", 1, "shm"),
     ],
 )
-def test_auto_is_ipc_on_one_cuda_device_only(
+def test_auto_is_the_worker_writing_on_one_cuda_device_only(
     monkeypatch, kind, handoff_option, tensor_parallel_size, chosen
 ) -> None:
     """The accelerator is faked (``hardware.detect``): the choice, not the device, is tested."""
@@ -120,3 +121,9 @@ def test_auto_is_ipc_on_one_cuda_device_only(
         hardware, "detect", lambda: hardware.Accelerator(kind, "faked", 1, None, None, None)
     )
     assert handoff.choose(handoff_option, tensor_parallel_size) == chosen
+
+
+def test_the_worker_hand_off_is_not_offered_to_a_generator_user() -> None:
+    """It writes extract's files, so what generate returns while it is on holds no states."""
+    with pytest.raises(ValueError, match="hand-off must be one of rpc, ipc, shm, got 'worker'"):
+        handoff.use(object(), "worker")

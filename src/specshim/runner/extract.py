@@ -81,7 +81,7 @@ class Summary:
             f"truncated to max_model_len - 1: {self.truncated}",
             f"skipped bad rows: {len(self.skipped)}",
             f"throughput: {self.tokens_per_second:,.0f} tokens/s over {self.seconds:.1f} s "
-            "(tokens extracted / time from the engine's start to the last batch; states "
+            "(tokens extracted / time from the engine's start to the last file written; states "
             f"handed over by {self.handoff})",
             f"backend: {self.backend}",
         ]
@@ -471,6 +471,7 @@ def _run(
                     writer.announce(batch)
                     writer.take(batch, generator.generate([s.input_ids for s in batch]))
                     bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
+            bar.update(0, 0)  # the last file is in place: the throughput counts the writing
         except Exception:
             if not pressed:
                 raise

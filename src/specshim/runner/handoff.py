@@ -19,7 +19,8 @@ prefill. :func:`use` switches one generator's worker to another reply, of the sa
 Measured on the H200 (16 x 2048 Llama, 512 x 512 tokens, ``specshim extract`` in one run,
 docs/benchmarks.md section 6): ``ipc`` 56,152 tokens/s, ``shm`` 50,641, the RPC (an earlier
 run) 8,170; with extract's guards moved to the writer's threads ``ipc`` 70,607 (run 5, at the
-disk's speed there); what is left is the generator's own per-sample copies in the caller.
+disk's speed there); what is left is the generator's own per-sample copies in the caller,
+which the ``worker`` hand-off (:mod:`specshim.runner.worker_writer`) avoids for extract.
 On vLLM's CPU worker (128-wide model) the RPC is a few percent of the time, and ``shm`` saves
 part of it.
 Either way the tensors are the worker's own, so the data is bit for bit what the RPC path
@@ -47,8 +48,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 #: ``specshim extract --handoff``: these, and ``worker`` (:mod:`specshim.runner.worker_writer`:
-#: the states stay in the worker, which writes the files); ``auto`` picks ``ipc`` on one CUDA
-#: device (the fastest there, module docstring) and ``rpc`` (speculators' own way) elsewhere.
+#: the states stay in the worker, which writes the files); ``auto`` picks ``worker`` on one
+#: CUDA device (the fastest there: docs/benchmarks.md section 6, run 6) and ``rpc``
+#: (speculators' own way) elsewhere.
 CHOICES = ("auto", "rpc", "ipc", "shm", "worker")
 #: The hand-offs :func:`use` offers a caller of the generator (``worker`` writes extract's files).
 FOR_GENERATOR = ("rpc", "ipc", "shm")
@@ -332,7 +334,7 @@ def choose(handoff: str, tensor_parallel_size: int = 1) -> str:
     (``ValueError``).
 
     ``auto`` keeps the RPC path under tensor parallelism (not yet measured there; ask for
-    ``ipc`` or ``shm`` to try it) and on the CPU. Asks torch, not vLLM, so that it runs
+    another to try it) and on the CPU. Asks torch, not vLLM, so that it runs
     before vLLM's settings are chosen.
     """
     from specshim import hardware
@@ -343,7 +345,7 @@ def choose(handoff: str, tensor_parallel_size: int = 1) -> str:
     if handoff == "ipc" and not on_cuda:
         raise ValueError("--handoff ipc needs vLLM on a CUDA device; use rpc or shm here")
     if handoff == "auto":
-        return "ipc" if on_cuda and tensor_parallel_size == 1 else "rpc"
+        return "worker" if on_cuda and tensor_parallel_size == 1 else "rpc"
     return handoff
 
 

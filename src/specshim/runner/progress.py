@@ -3,8 +3,9 @@ its summary reports.
 
 Throughput has one definition, shared by the line and the summary: tokens counted so far
 divided by the time from the start to the last update. Time after the last update (shutting
-the engine down, writing the final files) does not count, so the summary reads what the line
-last showed. The counts are kept whether or not the line is drawn.
+the engine down) does not count, so the summary reads what the line last showed; extract
+updates once more, by nothing, when its last file is in place, so that the writes still
+pending after the last batch count. The counts are kept whether or not the line is drawn.
 """
 
 from __future__ import annotations
