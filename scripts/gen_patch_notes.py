@@ -23,10 +23,15 @@ NOTES = ROOT / "patches"
 
 
 def shown(adapter: Adapter) -> str:
-    """The note's evidence line: the tests that fail without the adapter, or why none can."""
-    if adapter.evidence:
-        return "Shown needed by:** " + ", ".join(f"`{test}`" for test in adapter.evidence)
-    return f"Not observable here:** {adapter.unobservable}"
+    """The note's evidence line: the tests that fail without the adapter, or why none can;
+    then each runner where leaving it out was shown harmless, and why."""
+    if adapter.shown_by:
+        line = "Shown needed by:** " + ", ".join(f"`{test}`" for test in adapter.shown_by)
+    else:
+        line = f"Not observable here:** {adapter.unobservable}"
+    for case in (c for c in adapter.left_out if c.harmless):
+        line += f"\n- **Left out and still right:** `{case.test_id(adapter.name)}`: {case.harmless}"
+    return line
 
 
 def reads(adapter: Adapter) -> str:

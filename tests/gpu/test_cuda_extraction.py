@@ -20,6 +20,7 @@ from conftest import SPECULATORS
 from e2e import harness
 from e2e.driver import MAX_MODEL_LEN, PROMPTS
 from e2e.test_without_adapter import assert_raised, evidence
+from specshim.adapters import registry
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 CUDA = harness.CUDA
@@ -30,37 +31,12 @@ RUNNERS = {
 CASES = [(s, r) for s in SPECULATORS for r in RUNNERS]
 BATCHES = ("batch_1", "batch_11", "batch_40")
 
-#: (speculators, runner, adapter) -> (exception type, text), measured on the H200.
-GPU_RAISES: dict[tuple[str, str, str], tuple[str, str]] = {
-    # The worker dies at start; the generator sees vLLM's summary, the worker logs the cause
-    # (checked in test_forked_worker_cannot_use_cuda).
-    **{
-        (s, "v2", "worker_start_method"): ("Exception", "WorkerProc initialization failed")
-        for s in SPECULATORS
-    },
-    ("0.3.0", "v2", "rpc_reply_shape"): (
-        "RuntimeError",
-        "Boolean value of Tensor with more than one",
-    ),
-    ("0.3.0", "v2", "scheduler_block_size"): (
-        "TypeError",
-        "missing 1 required positional argument: 'block_size'",
-    ),
-    ("0.3.0", "v2", "kv_cache_config"): (
-        "TypeError",
-        "unexpected keyword argument 'kv_cache_specs'",
-    ),
-    ("0.3.0", "v1", "sample_tokens_split"): (
-        "RuntimeError",
-        "sample_tokens() must be called after execute_model() returns None",
-    ),
-}
+#: The adapters' leave-one-out cases on the GPU (``Adapter.left_out``, measured on the H200).
+ON_THE_GPU = [(a.name, c) for a in registry.ADAPTERS for c in a.left_out if c.accelerator == "gpu"]
+#: (speculators, runner, adapter) -> (exception type, text)
+GPU_RAISES = {(c.speculators, c.runner, a): (c.raises, c.text) for a, c in ON_THE_GPU if c.raises}
 #: Left out, and the data still right, because that runner has nothing to break (and why).
-GPU_HARMLESS: dict[tuple[str, str, str], str] = {
-    # V2's execute_model overwrites its pending state instead of checking it; the generator
-    # aborts every request after its one step, so the skipped sampling changes nothing.
-    ("0.3.0", "v2", "sample_tokens_split"): "V2 has no execute_model/sample_tokens state check",
-}
+GPU_HARMLESS = {(c.speculators, c.runner, a): c.harmless for a, c in ON_THE_GPU if c.harmless}
 
 
 def gpu_run(speculators: str, runner: str, model: Any, **options: Any) -> dict[str, Any]:

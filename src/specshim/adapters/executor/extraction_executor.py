@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specshim.adapters.kit import module
-from specshim.adapters.model import Adapter, Decision, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, Decision, LeftOut, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR
 
 NAME = "extraction_executor"
@@ -35,6 +35,10 @@ def installed_executor_class() -> Any:
     return base if base.__name__ == "SpecshimExtractionExecutor" else executor_class(base)
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut("0.3.0", raises="ValueError", text="KV cache layout has not been resolved yet")
+
+
 def seam_for(dependents: Sequence[Adapter]) -> Adapter:
     """The seam adapter, needed exactly when one of ``dependents`` (the adapters that name
     it in ``requires``) is. The registry passes them, so that this module imports nothing
@@ -53,9 +57,9 @@ def seam_for(dependents: Sequence[Adapter]) -> Adapter:
         why="executor-level fixes must not leak into vLLM's own engine, so they go on a subclass",
         upstream="none: specshim's own seam",
         remove_when="no executor-level adapter remains",
-        evidence=(
-            "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-extraction_executor]",
-            "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-extraction_executor]",
+        left_out=(
+            WITHOUT,
+            WITHOUT.also(speculators="0.4.0.1"),
         ),
         probe=probe,
         patches=patches,

@@ -16,7 +16,7 @@ from typing import Any
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.kit import module, parameters, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import EXECUTOR, GENERATOR
 
 LAYOUT_UTILS = "vllm.v1.attention.backends.utils"
@@ -54,6 +54,10 @@ def patches() -> list[Patch]:
     return [wrap(installed_executor_class(), "__init__", _init)]
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut("0.3.0", raises="ValueError", text="KV cache layout has not been resolved yet")
+
+
 ADAPTER = Adapter(
     name="kv_cache_layout",
     targets=("SpecshimExtractionExecutor.__init__",),
@@ -62,9 +66,9 @@ ADAPTER = Adapter(
     why="vLLM 0.29+ refuses to build a KV-cache config before the layout is resolved",
     upstream="vLLM 0.29.0 EngineCore._initialize_kv_caches (resolve_kv_cache_layout)",
     remove_when="speculators' generator is no longer used (0.5+), or it resolves the layout itself",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-kv_cache_layout]",
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-kv_cache_layout]",
+    left_out=(
+        WITHOUT,
+        WITHOUT.also(speculators="0.4.0.1"),
     ),
     facts=(
         *facts("exists", f"{EXECUTOR}.set_kv_cache_layout"),

@@ -19,7 +19,16 @@ from typing import Any
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.kit import module, parameters, syntax, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, facts, needed, not_needed
+from specshim.adapters.model import (
+    Adapter,
+    LeftOut,
+    Patch,
+    Probe,
+    UnknownShape,
+    facts,
+    needed,
+    not_needed,
+)
 from specshim.adapters.targets import EXECUTOR, GENERATOR, generator_class
 
 
@@ -109,6 +118,10 @@ def patches() -> list[Patch]:
     return [wrap(installed_executor_class(), "collective_rpc", _rpc_for(indexed_methods()))]
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut("0.3.0", raises="RuntimeError", text="Boolean value of Tensor with more than one")
+
+
 ADAPTER = Adapter(
     name="rpc_reply_shape",
     targets=("SpecshimExtractionExecutor.collective_rpc",),
@@ -118,9 +131,10 @@ ADAPTER = Adapter(
     "speculators 0.3.0's [0] then turns four layers into one tensor",
     upstream="vLLM 0.11.1 MultiprocExecutor.collective_rpc (kv_output_aggregator, bare reply)",
     remove_when="speculators 0.3.0 is no longer supported (0.4 expects the bare reply)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-rpc_reply_shape]",
-        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-rpc_reply_shape]",
+    left_out=(
+        WITHOUT,
+        WITHOUT.also(vllm="0.11.1.post2"),
+        WITHOUT.also(runner="v2", accelerator="gpu"),
     ),
     facts=(
         *facts("signature", f"{EXECUTOR}.collective_rpc"),

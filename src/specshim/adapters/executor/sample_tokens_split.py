@@ -25,7 +25,7 @@ from typing import Any
 from specshim.adapters.executor.extraction_executor import NAME as SEAM
 from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.kit import module, source, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import EXECUTOR, GENERATOR, generator_class
 
 _PENDING = "_specshim_sampled_output"
@@ -64,6 +64,14 @@ def patches() -> list[Patch]:
     return [wrap(executor, "execute_model", _execute), wrap(executor, "sample_tokens", _sample)]
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut(
+    "0.3.0",
+    raises="RuntimeError",
+    text="sample_tokens() must be called after execute_model() returns None",
+)
+
+
 ADAPTER = Adapter(
     name="sample_tokens_split",
     targets=(
@@ -75,9 +83,18 @@ ADAPTER = Adapter(
     why="vLLM 0.11.1 split execute_model and sample_tokens; the generator calls them wrongly",
     upstream="vllm-project/vllm#26866 (async scheduling + structured outputs)",
     remove_when="speculators' generator is no longer used (0.5+)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-sample_tokens_split]",
-        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v1-sample_tokens_split]",
+    left_out=(
+        WITHOUT,
+        WITHOUT.also(vllm="0.11.1.post2"),
+        WITHOUT.also(accelerator="gpu"),
+        LeftOut(
+            "0.3.0",
+            harmless="V2's execute_model overwrites its pending state instead of checking it, "
+            "and the generator aborts every request after its one step: the sampling it skips "
+            "changes nothing",
+            runner="v2",
+            accelerator="gpu",
+        ),
     ),
     facts=facts("exists", f"{EXECUTOR}.sample_tokens"),
     probe=probe,

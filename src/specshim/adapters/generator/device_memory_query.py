@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from specshim.adapters.kit import Proxy, module, source
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 GiB = 1 << 30
@@ -68,9 +68,9 @@ ADAPTER = Adapter(
     why="the generator asks CUDA for free memory, which is wrong or zero on vLLM's CPU platform",
     upstream="speculators 0.4.0 speculators/utils/util.py mem_get_info (CUDA-only)",
     remove_when="speculators' generator is no longer used (0.5+)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-device_memory_query]",
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-device_memory_query]",
+    left_out=(
+        LeftOut("0.3.0", raises="AssertionError", text="Torch not compiled with CUDA enabled"),
+        LeftOut("0.4.0.1", raises="AssertionError", text="num_gpu_blocks > 0"),
     ),
     probe=probe,
     patches=patches,

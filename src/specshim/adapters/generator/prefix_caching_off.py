@@ -9,7 +9,7 @@ reason (speculators issue #279); 0.3.0 did not.
 from __future__ import annotations
 
 from specshim.adapters.kit import calls_with_keyword, module, with_keywords
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 
@@ -31,9 +31,7 @@ ADAPTER = Adapter(
     why="prefix caching skips cached tokens, so their hidden states are never captured",
     upstream="vllm-project/speculators#279 (fixed in speculators 0.4.0)",
     remove_when="speculators 0.3.0 is no longer supported",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-prefix_caching_off]",
-    ),
+    left_out=(LeftOut("0.3.0", raises="IndexError", text="new_block_hashes[i]"),),
     probe=probe,
     patches=patches,
 )

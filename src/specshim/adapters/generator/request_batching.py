@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from specshim.adapters.kit import source, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 
@@ -65,9 +65,9 @@ ADAPTER = Adapter(
     why="more prompts than max_num_seqs starve (0.4) or lose chunked tails (0.3.0)",
     upstream="speculators 0.3.0/0.4 generate() never calls Scheduler.update_from_output",
     remove_when="speculators' generator is no longer used (0.5+)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-request_batching]",
-        "tests/e2e/test_without_adapter.py::test_generator_returns_wrong_data_without[0.3.0-request_batching]",
+    left_out=(
+        LeftOut("0.4.0.1", raises="RuntimeError", text="not found in captured states"),
+        LeftOut("0.3.0", wrong="states_misaligned"),
     ),
     probe=probe,
     patches=patches,

@@ -16,7 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 from specshim.adapters.kit import calls_with_keyword, module, parameters, with_keywords
-from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, facts, needed, not_needed
+from specshim.adapters.model import (
+    Adapter,
+    LeftOut,
+    Patch,
+    Probe,
+    UnknownShape,
+    facts,
+    needed,
+    not_needed,
+)
 from specshim.adapters.targets import GENERATOR, generator_class
 
 
@@ -51,6 +60,10 @@ def patches() -> list[Patch]:
     return [with_keywords(module(GENERATOR), "Request", drop=("eos_token_id",))]
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut("0.3.0", raises="TypeError", text="unexpected keyword argument 'eos_token_id'")
+
+
 ADAPTER = Adapter(
     name="request_eos_token_id",
     targets=(f"{GENERATOR}.Request",),
@@ -58,9 +71,9 @@ ADAPTER = Adapter(
     why="Request(eos_token_id=) was removed in vLLM 0.17",
     upstream="vLLM 0.17.0 vllm/v1/request.py (eos_token_id moved to SamplingParams)",
     remove_when="speculators' generator is no longer used (0.5+)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-request_eos_token_id]",
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-request_eos_token_id]",
+    left_out=(
+        WITHOUT,
+        WITHOUT.also(speculators="0.4.0.1"),
     ),
     facts=facts("signature", "vllm.v1.request:Request.__init__"),
     probe=probe,

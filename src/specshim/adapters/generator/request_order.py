@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from specshim.adapters.kit import module, source
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 _DIGITS = re.compile(r"(\d+)")
@@ -53,9 +53,7 @@ ADAPTER = Adapter(
     why="string-sorted request ids return samples out of input order from 11 prompts on",
     upstream="speculators 0.4.0 vllm_hidden_states_generator.generate (sorted request ids)",
     remove_when="speculators' generator is no longer used (0.5+)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_returns_wrong_data_without[0.4.0.1-request_order]",
-    ),
+    left_out=(LeftOut("0.4.0.1", wrong="out_of_order"),),
     probe=probe,
     patches=patches,
 )

@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from specshim.adapters.kit import calls_with_keyword, module, parameters, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import GENERATOR, KV_UTILS, generator_class
 
 
@@ -62,6 +62,12 @@ def patches() -> list[Patch]:
     return [wrap(module(GENERATOR), "Scheduler", _construct)]
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut(
+    "0.3.0", raises="TypeError", text="missing 1 required positional argument: 'block_size'"
+)
+
+
 ADAPTER = Adapter(
     name="scheduler_block_size",
     targets=(f"{GENERATOR}.Scheduler",),
@@ -69,9 +75,10 @@ ADAPTER = Adapter(
     why="Scheduler requires block_size (0.11.1) and takes hash_block_size (0.20)",
     upstream="vllm-project/vllm#44165 (block sizes from resolve_kv_cache_block_sizes)",
     remove_when="speculators' generator is no longer used (0.5+)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-scheduler_block_size]",
-        "tests/gpu/test_cuda_extraction.py::test_generator_fails_on_the_gpu_without[0.3.0-v2-scheduler_block_size]",
+    left_out=(
+        WITHOUT,
+        WITHOUT.also(vllm="0.11.1.post2"),
+        WITHOUT.also(runner="v2", accelerator="gpu"),
     ),
     facts=(
         *facts("exists", f"{KV_UTILS}:resolve_kv_cache_block_sizes"),

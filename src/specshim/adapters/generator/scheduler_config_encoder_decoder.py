@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from specshim.adapters.kit import calls_with_keyword, module, with_keywords
-from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import GENERATOR, generator_class
 
 
@@ -51,9 +51,7 @@ ADAPTER = Adapter(
     why="SchedulerConfig requires is_encoder_decoder (vLLM 0.12); speculators 0.3.0 omits it",
     upstream="vLLM 0.12.0 vllm/config/scheduler.py (is_encoder_decoder: InitVar[bool])",
     remove_when="speculators 0.3.0 is no longer supported",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-scheduler_config_encoder_decoder]",
-    ),
+    left_out=(LeftOut("0.3.0", raises="ValidationError", text="is_encoder_decoder"),),
     facts=facts("fields", "vllm.config:SchedulerConfig"),
     probe=probe,
     patches=patches,

@@ -15,7 +15,15 @@ from __future__ import annotations
 import importlib.util
 
 from specshim.adapters.kit import module
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_applicable, not_needed
+from specshim.adapters.model import (
+    Adapter,
+    LeftOut,
+    Patch,
+    Probe,
+    needed,
+    not_applicable,
+    not_needed,
+)
 from specshim.adapters.targets import CONFIG_UTILS
 
 
@@ -43,6 +51,10 @@ def patches() -> list[Patch]:
     return [Patch(utils, "torch", torch)]
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut("0.3.0", raises="PydanticUndefinedAnnotation", text="name 'torch' is not defined")
+
+
 ADAPTER = Adapter(
     name="transformers_annotations",
     targets=(f"{CONFIG_UTILS}.torch",),
@@ -51,9 +63,9 @@ ADAPTER = Adapter(
     upstream="transformers 5.0: PreTrainedConfig became a dataclass (configuration_utils.py)",
     remove_when="speculators rebuilds its configs without evaluating transformers' annotations, "
     "or transformers imports torch at runtime in configuration_utils",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-transformers_annotations]",
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.4.0.1-transformers_annotations]",
+    left_out=(
+        WITHOUT,
+        WITHOUT.also(speculators="0.4.0.1"),
     ),
     probe=probe,
     patches=patches,

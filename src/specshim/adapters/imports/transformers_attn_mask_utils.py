@@ -17,7 +17,15 @@ import types
 from typing import Any
 
 from specshim.adapters.kit import module, module_source
-from specshim.adapters.model import Adapter, Patch, Probe, needed, not_applicable, not_needed
+from specshim.adapters.model import (
+    Adapter,
+    LeftOut,
+    Patch,
+    Probe,
+    needed,
+    not_applicable,
+    not_needed,
+)
 
 MASK_UTILS = "transformers.modeling_attn_mask_utils"
 
@@ -83,6 +91,15 @@ def patches() -> list[Patch]:
     ]
 
 
+#: What the generator raises without this adapter, wherever ``left_out`` lists.
+WITHOUT = LeftOut(
+    "0.3.0",
+    raises="ModuleNotFoundError",
+    text="transformers.modeling_attn_mask_utils",
+    vllm="0.28.0",
+)
+
+
 ADAPTER = Adapter(
     name="transformers_attn_mask_utils",
     targets=(MASK_UTILS,),
@@ -90,9 +107,9 @@ ADAPTER = Adapter(
     why="transformers 5.24 removed modeling_attn_mask_utils, which `import speculators` needs",
     upstream="transformers 5.24.0 (modeling_attn_mask_utils.py removed)",
     remove_when="speculators 0.3/0.4 are no longer supported (0.5+ drop the EAGLE-1 model import)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without_at_the_release_of_the_change[0.28.0-0.3.0-transformers_attn_mask_utils]",
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without_at_the_release_of_the_change[0.28.0-0.4.0.1-transformers_attn_mask_utils]",
+    left_out=(
+        WITHOUT,
+        WITHOUT.also(speculators="0.4.0.1"),
     ),
     probe=probe,
     patches=patches,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specshim.adapters.kit import module, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import WORKER, WORKER_EXTENSION
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
@@ -106,9 +106,11 @@ ADAPTER = Adapter(
     upstream="vLLM 0.34.0 removed the V1 runner (gpu_model_runner.py); V2 builds an InputBatch "
     "per step (vllm/v1/worker/gpu/model_runner.py prepare_inputs, sort_batch_req_ids)",
     remove_when="speculators' generator is no longer used (0.5+)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_on_model_runner_v2_without[0.4.0.1-worker_batch_order_v2]",
-        "tests/e2e/test_without_adapter.py::test_model_runner_v2_returns_wrong_data_without[0.3.0-worker_batch_order_v2]",
+    left_out=(
+        LeftOut(
+            "0.4.0.1", raises="RuntimeError", text="has no attribute 'input_batch'", runner="v2"
+        ),
+        LeftOut("0.3.0", wrong="states_differ_from_transformers", runner="v2"),
     ),
     facts=facts("exists", f"{V2_RUNNER}:GPUModelRunner.input_batch", f"{V2_RUNNER}:GPUModelRunner"),
     probe=probe,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from specshim.adapters.kit import module, source, wrap
-from specshim.adapters.model import Adapter, Patch, Probe, facts, needed, not_needed
+from specshim.adapters.model import Adapter, LeftOut, Patch, Probe, facts, needed, not_needed
 from specshim.adapters.targets import WORKER, WORKER_EXTENSION
 
 REFERENCE_MODEL = "vllm.model_executor.models.llama"
@@ -54,8 +54,8 @@ ADAPTER = Adapter(
     why="vLLM 0.11.1 renamed get_input_embeddings to embed_input_ids; 0.3.0's worker calls the old",
     upstream="vLLM 0.11.1 (models' embed_input_ids)",
     remove_when="speculators 0.3.0 is no longer supported (0.4 calls embed_input_ids)",
-    evidence=(
-        "tests/e2e/test_without_adapter.py::test_generator_fails_without[0.3.0-worker_embed_input_ids]",
+    left_out=(
+        LeftOut("0.3.0", raises="RuntimeError", text="has no attribute 'get_input_embeddings'"),
     ),
     facts=facts(
         "exists",
