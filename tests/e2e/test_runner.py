@@ -182,9 +182,11 @@ def test_files_written_in_the_worker_equal_the_generators(
         assert by_worker["input_ids"].tolist() == row["input_ids"]
         assert by_worker["loss_mask"].tolist() == row["loss_mask"]
         assert len(by_worker["hidden_states"]) == 4
+    # --verify's single requests are not announced: the worker answers them with the states
     again = extract_cmd(four_layers, dataset, outs["worker"], "--handoff", "worker",
-                        speculators=speculators)  # fmt: skip
+                        "--verify", "3", speculators=speculators)  # fmt: skip
     assert "samples: 40 (0 extracted, 40 already done)" in again.stdout, again.stdout
+    assert "verified: 3 samples re-extracted one at a time match" in again.stdout
 
 
 def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> None:

@@ -67,7 +67,20 @@ def build_tokenizer(
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+    _readable_by_transformers_4(Path(out) / "tokenizer_config.json")
     return fast
+
+
+def _readable_by_transformers_4(config: Path) -> None:
+    """Name the tokenizer class both transformers 4 and 5 load.
+
+    transformers 5 saves ``TokenizersBackend``, a class 4.x does not have, so a model built
+    here could not be read by ``specshim extract`` in an environment of vLLM before 0.24
+    (transformers 4.57); ``PreTrainedTokenizerFast`` is the same tokenizer in both (the same
+    ids, the same chat template)."""
+    settings = json.loads(config.read_text())
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.write_text(json.dumps(settings, indent=2))
 
 
 def model_class(architecture: str) -> Any:
