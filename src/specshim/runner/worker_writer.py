@@ -23,6 +23,10 @@ length); 0.4.x a dict of request id to that list, the ids being ``req_{call}_{i}
 expected and what was found. A fetch the caller did not announce (``extract --verify``'s single
 requests) is answered as speculators' RPC answers it, states and all.
 
+Resume is unchanged: a file enters the ledger only once the worker has reported it in place,
+so a run stopped by an error or Ctrl-C leaves the files it had not reported yet unrecorded, and
+the next run writes them again (a temporary file cut short by the stop is removed at its start).
+
 Only ``specshim extract`` uses this hand-off: what the generator returns while it is on holds
 no states. Only the worker whose reply the generator reads (rank 0) writes; under tensor
 parallelism every rank holds the full states after the all-reduce.
