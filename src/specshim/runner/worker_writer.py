@@ -6,15 +6,16 @@ layer at a time (``.clone().cpu()``, pageable): on the H200 that loop was what h
 ``specshim extract`` below vLLM's prefill (docs/benchmarks.md section 6). Here the states stay
 in the worker. Before each ``generate`` the caller tells the worker what the batch is
 (:meth:`WorkerFiles.expect`: each sample's file, token ids and loss mask); when the generator
-fetches the captured states, the worker takes the announced samples the reply holds and splits
-the states per request exactly as the generator would,
-copies them into page-locked host memory on a side stream, and its writer threads check each
-sample (:func:`state_problem`) and write ``data_{i}.pt`` atomically (fsynced, renamed into
-place: :func:`specshim.runner.files.save_torch`). The generator receives states of the same
-shapes with no columns (``[tokens, 0]``), so its own loop costs nothing; the caller checks
-their token counts and records each file in the ledger once the worker says it is in place
-(:meth:`WorkerFiles.finished`). The files hold the tensors the generator would have returned,
-bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu on the H200).
+fetches the captured states, the worker takes the announced samples the reply holds, splits
+the states per request exactly as the generator would, copies them into page-locked host memory
+on a side stream, and its writer threads check each sample (:func:`state_problem`) and write
+``data_{i}.pt`` atomically (fsynced, renamed into place: :func:`specshim.runner.files.save_torch`).
+The generator receives states of the same shapes with no columns (``[tokens, 0]``), so its own
+loop costs nothing; the caller checks their token counts and records each file in the ledger
+once the worker says it is in place (:meth:`WorkerFiles.finished`). The files hold the tensors
+the generator would have returned, bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu
+on the H200). Measured on the H200 with the disk out of the way: 1.5 times the ``ipc``
+hand-off's speed (docs/benchmarks.md section 6, run 6, which says what limits it now).
 
 How the worker splits a reply is each speculators release's own: 0.3.0 replies one tensor per
 layer, the call's requests concatenated in input order (the generator slices them by prompt
