@@ -15,11 +15,18 @@ writes the states must stay under):
 - ``extract_rpc`` / ``extract_ipc`` / ``extract_shm``: ``specshim extract`` writing every sample
   to disk, with each hand-off (the files are compared: the same tensors bit for bit);
 - ``extract_worker``: the same, vLLM's worker writing the files itself
-  (``specshim.runner.worker_writer``);
+  (``specshim.runner.worker_writer``), which reports where its time went; variants for
+  comparison, set in the worker before the run: ``extract_worker@crc=off`` (``torch.save``
+  computes no zip checksums; ``torch.load`` never reads them), ``extract_worker@pending_mib=N``
+  (the cap on states waiting in host memory, :data:`worker_writer.PENDING_BYTES`), combinable
+  (``extract_worker@crc=off@pending_mib=512``);
+- ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
+  speculators 0.3/0.4's files;
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
 - ``disk_writer``: the same on ``specshim extract``'s writer threads.
 
     python benchmarks/gpu_extraction.py [--prompts 512 --length 512 --hidden 2048 --layers 16]
+        [--paths vllm_prefill,native,extract_worker,extract_worker@crc=off,disk_writer]
 
 The model is a Llama with random bf16 weights, built here (no download).
 """
@@ -49,6 +56,7 @@ PATHS = (
     "extract_ipc",
     "extract_shm",
     "extract_worker",
+    "extract_native",
     "disk",
     "disk_writer",
 )
@@ -94,7 +102,11 @@ class Timers:
             try:
                 return inner(*args, **kwargs)
             finally:
-                label = f"{name}({args[0]!r})" if by_first_argument and args else name
+                label = (
+                    f"{name}({getattr(args[0], '__name__', args[0])!r})"
+                    if by_first_argument and args
+                    else name
+                )
                 self.seconds[label] += time.perf_counter() - start
 
         setattr(owner, name, timed)
@@ -167,12 +179,30 @@ def _generator(model: str, prompts: list[list[int]], max_len: int, how: str) -> 
     return _timed(run, prompts, timers)
 
 
-def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> dict[str, Any]:
+def _worker_variant(worker: Any, settings: dict[str, str]) -> None:
+    """Run in vLLM's worker: the ``extract_worker@key=value`` settings (see the docstring)."""
+    import torch
+
+    from specshim.runner import worker_writer
+
+    for key, value in settings.items():
+        if key == "crc":
+            torch.serialization.set_crc32_options(value != "off")
+        elif key == "pending_mib":
+            worker_writer.PENDING_BYTES = int(value) << 20
+        else:
+            raise ValueError(f"extract_worker@{key}: expected crc=off or pending_mib=N")
+
+
+def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict[str, Any]:
     import contextlib
 
     from specshim.runner import extract, files, worker_writer
     from specshim.runner import handoff as handoffs
 
+    handoff, *variant = mode.removeprefix("extract_").split("@")
+    settings = dict(v.split("=", 1) for v in variant)
+    backend = "native" if handoff == "native" else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
     started = extract._generator
     worker: list[Any] = []  # what the hand-off did in the worker (page-locked or not)
@@ -181,6 +211,12 @@ def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> d
     def timed_generator(*args: Any, **kwargs: Any) -> Any:
         with started(*args, **kwargs) as generator:
             timers.wrap(generator, "generate")
+            if backend == "native":
+                yield generator
+                return
+            generator.executor.collective_rpc(_worker_variant, args=(settings,))
+            timers.wrap(generator.executor, "execute_model")
+            timers.wrap(generator.executor, "collective_rpc", by_first_argument=True)
             yield generator
             state = worker_writer.state if handoff == "worker" else handoffs.state
             worker.extend(generator.executor.collective_rpc(state))
@@ -198,7 +234,8 @@ def _extract(model: str, data: Path, max_len: int, out: Path, handoff: str) -> d
         max_model_len=max_len,
         batch_size=128,
         progress=False,
-        handoff=handoff,
+        handoff="auto" if backend == "native" else handoff,
+        backend=backend,
     )
     return {
         "seconds": summary.seconds,
@@ -238,8 +275,7 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
     elif mode.startswith("generator_"):
         result = _generator(model, prompts, max_len, mode.removeprefix("generator_"))
     elif mode.startswith("extract_"):
-        handoff = mode.removeprefix("extract_")
-        result = _extract(model, Path(data), max_len, root / mode, handoff)
+        result = _extract(model, Path(data), max_len, root / mode, mode)
     elif mode == "disk":
         result = _disk(prompts, hidden, root, threads=1)
     else:
@@ -277,8 +313,11 @@ def main() -> None:
     data = work / "prompts.jsonl"
     write_prompts(data, args.prompts, args.length, vocab=384)
     max_len = args.length + 16
-    chosen = [p for p in PATHS if p in args.paths.split(",")]
+    chosen = args.paths.split(",")
+    if unknown := [p for p in chosen if p.split("@")[0] not in PATHS]:
+        parser.error(f"--paths: unknown {unknown}; expected some of {', '.join(PATHS)}")
     rates, inside = {}, {}
+    width = max(15, *(len(m) + 2 for m in chosen))
     for mode in chosen:
         try:
             found = run_worker(
@@ -290,7 +329,7 @@ def main() -> None:
             continue
         rates[mode], inside[mode] = found["tokens_per_second"], found.get("inside", {})
         spent = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(inside[mode].items()))
-        print(f"{mode:<15}{rates[mode]:>14,.0f} tokens/s in {found['seconds']:.2f} s"
+        print(f"{mode:<{width}}{rates[mode]:>14,.0f} tokens/s in {found['seconds']:.2f} s"
               + (f" ({spent})" if spent else "")
               + (f" worker: {found['handoff']}" if found.get("handoff") else ""),
               file=sys.stderr, flush=True)  # fmt: skip
@@ -302,11 +341,11 @@ def main() -> None:
     disk = max((r for m, r in rates.items() if m.startswith("disk")), default=0)
     ceiling = min((r for r in (rates.get("vllm_prefill", 0), disk) if r), default=0)
     print(f"\n{args.prompts} prompts x {args.length} tokens, Llama {args.layers} x {args.hidden}")
-    print(f"{'path':<15}{'tokens/s':>14}{'vs prefill':>12}{'vs min(prefill, disk)':>24}")
+    print(f"{'path':<{width}}{'tokens/s':>14}{'vs prefill':>12}{'vs min(prefill, disk)':>24}")
     for mode, rate in rates.items():
         vs_base = f"{rate / base:.3f}" if base else "-"
         vs_ceiling = f"{rate / ceiling:.3f}" if ceiling else "-"
-        print(f"{mode:<15}{rate:>14,.0f}{vs_base:>12}{vs_ceiling:>24}")
+        print(f"{mode:<{width}}{rate:>14,.0f}{vs_base:>12}{vs_ceiling:>24}")
     print("(disk: the faster of the disk paths)")
     save_results(
         "gpu_extraction",

@@ -48,6 +48,31 @@ def test_concatenated_reply_is_split_in_input_order_and_written(tmp_path) -> Non
     assert writer.written == 3
 
 
+def test_the_worker_says_where_its_time_went(tmp_path) -> None:
+    """``state()`` reports each step's seconds: the fetch, the split and the writers' check
+    and save, so a slow run on a GPU shows which of them it is."""
+    from specshim.runner import worker_writer
+
+    class FakeWorker:  # vLLM's worker as far as the hand-off touches it
+        rank = 0
+
+        def _get_captured_states(self) -> list[torch.Tensor]:
+            return [torch.randn(5, 8)]
+
+    worker = FakeWorker()
+    assert worker_writer._install(worker, [2])
+    worker_writer._expect(worker, expected(tmp_path, [5]))
+    reply = worker._get_captured_states()
+    assert [tuple(t.shape) for t in reply] == [(5, 0)]
+    assert worker_writer._finished(worker, wait=True) == [(str(tmp_path / "data_0.pt"), None)]
+    found = worker_writer.state(worker)
+    assert found is not None and found["written"] == 1 and found["replies"] == 1
+    assert {"fetch", "split", "room", "copied", "check", "save", "save_cpu"} <= set(
+        found["seconds"]
+    )
+    assert found["seconds"]["save"] > 0
+
+
 def test_reply_keyed_by_request_is_written_by_place_not_by_key_order(tmp_path) -> None:
     """speculators 0.4.x's reply, 12 requests: as strings req_0_10 sorts before req_0_2."""
     batch = expected(tmp_path, [2] * 12)

@@ -36,11 +36,13 @@ parallelism every rank holds the full states after the all-reduce.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 import re
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +123,15 @@ class WorkerFiles:
     replies: int = 0
     written: int = 0
     pinned: bool = False
+    #: Seconds spent, by step. On the worker's own thread: ``fetch`` (speculators'
+    #: ``_get_captured_states``), ``split``, ``room`` (waiting for the writers while the pending
+    #: bytes are at :data:`PENDING_BYTES`), ``pin`` (allocating page-locked memory), ``copies``
+    #: (issuing the copies to it). On the writer threads, summed over them: ``copied`` (waiting
+    #: for the copies), ``check``, ``save`` (wall) and ``save_cpu`` (the thread's own CPU time;
+    #: the rest of ``save`` it waited, for the disk or for the GIL).
+    seconds: collections.defaultdict[str, float] = field(
+        default_factory=lambda: collections.defaultdict(float)
+    )
     _queue: collections.deque[Expected] = field(default_factory=collections.deque)
     _pending: collections.deque[tuple[list[Future[None]], int]] = field(
         default_factory=collections.deque
@@ -145,15 +156,33 @@ class WorkerFiles:
                 f"the first {self._queue[0].where}"
             )
 
+    @contextlib.contextmanager
+    def _clock(self, step: str, clock: Callable[[], float] = time.perf_counter) -> Iterator[None]:
+        """Add the seconds spent inside to :attr:`seconds` [step]."""
+        start = clock()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.seconds[step] += clock() - start
+
+    def answer(self, fetch: Callable[[], Any]) -> Any:
+        """Fetch the captured states with speculators' own ``fetch`` and :meth:`reply`."""
+        with self._clock("fetch"):
+            states = fetch()
+        return self.reply(states)
+
     def reply(self, states: Any) -> Any:
         """The generator's reply for ``states``: unchanged when nothing is announced, else
         their shapes without columns, the files being written meanwhile."""
         if not self._queue or states is None:
             return states
         self.replies += 1
-        batch, per_sample = self.split(states)
+        with self._clock("split"):
+            batch, per_sample = self.split(states)
         nbytes = sum(t.numel() * t.element_size() for layers in per_sample for t in layers)
-        self._wait_for_room(nbytes)
+        with self._clock("room"):
+            self._wait_for_room(nbytes)
         host = self._to_host(per_sample)
         jobs = [self._pool.submit(self._write, e, h) for e, h in zip(batch, host, strict=True)]
         self._pending.append((jobs, nbytes))
@@ -208,18 +237,21 @@ class WorkerFiles:
 
         if not per_sample or not per_sample[0] or not per_sample[0][0].is_cuda:
             return [functools.partial(_cloned, layers) for layers in per_sample]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        copies = []
-        with torch.cuda.stream(side):
-            for layers in per_sample:
-                host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in layers]
-                for place, t in zip(host, layers, strict=True):
-                    place.copy_(t, non_blocking=True)
-                    t.record_stream(side)  # not reused before the copy is done
-                copies.append(host)
-        done = torch.cuda.Event()
-        done.record(side)
+        with self._clock("pin"):
+            copies = [
+                [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in layers]
+                for layers in per_sample
+            ]
+        with self._clock("copies"):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for host, layers in zip(copies, per_sample, strict=True):
+                    for place, t in zip(host, layers, strict=True):
+                        place.copy_(t, non_blocking=True)
+                        t.record_stream(side)  # not reused before the copy is done
+            done = torch.cuda.Event()
+            done.record(side)
         self.pinned = True
         return [functools.partial(_when_copied, done, host) for host in copies]
 
@@ -231,11 +263,13 @@ class WorkerFiles:
         if self._failed:
             return
         problem = None
-        layers = states()
-        for layer, state in zip(self.layers, layers, strict=True):
-            if found := state_problem(state, len(expected.input_ids)):
-                problem = f"{expected.where}, layer {layer}: {found}; refusing to write them"
-                break
+        with self._clock("copied"):
+            layers = states()
+        with self._clock("check"):
+            for layer, state in zip(self.layers, layers, strict=True):
+                if found := state_problem(state, len(expected.input_ids)):
+                    problem = f"{expected.where}, layer {layer}: {found}; refusing to write them"
+                    break
         if problem is None:
             record = {
                 "input_ids": torch.tensor(expected.input_ids, dtype=torch.long),
@@ -243,7 +277,8 @@ class WorkerFiles:
                 "loss_mask": torch.tensor(expected.loss_mask, dtype=torch.long),
             }
             try:
-                files.save_torch(Path(expected.path), record)
+                with self._clock("save"), self._clock("save_cpu", time.thread_time):
+                    files.save_torch(Path(expected.path), record)
             except Exception as exc:  # noqa: BLE001 a failed write, told to the caller
                 problem = f"writing extracted samples failed: {exc}"
         with self._lock:
@@ -290,7 +325,7 @@ def _install(worker: Any, layers: list[int]) -> bool:
         return False
     fetch = worker._get_captured_states
     writer = WorkerFiles(layers)
-    worker._get_captured_states = lambda: writer.reply(fetch())
+    worker._get_captured_states = functools.partial(writer.answer, fetch)
     setattr(worker, _STATE, writer)
     return True
 
@@ -307,13 +342,15 @@ def _finished(worker: Any, wait: bool) -> list[tuple[str, str | None]] | None:
 
 
 def state(worker: Any) -> dict[str, Any] | None:
-    """Run in a vLLM worker: how many batches it was announced and files it wrote, and whether
-    its host copies were page-locked; ``None`` where the hand-off is not installed."""
+    """Run in a vLLM worker: how many replies it split and files it wrote, whether its host
+    copies were page-locked, and where its time went (:attr:`WorkerFiles.seconds`); ``None``
+    where the hand-off is not installed."""
     writer = getattr(worker, _STATE, None)
     if writer is None:
         return None
+    seconds = {step: round(s, 3) for step, s in sorted(writer.seconds.items())}
     return {"how": "worker", "replies": writer.replies, "written": writer.written,
-            "pinned": writer.pinned}  # fmt: skip
+            "pinned": writer.pinned, "seconds": seconds}  # fmt: skip
 
 
 # ---- the caller's side -----------------------------------------------------------------------
