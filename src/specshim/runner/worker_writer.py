@@ -58,22 +58,27 @@ _STATE = "_specshim_worker_files"
 PENDING_BYTES = 4 << 30
 
 
-def state_problem(state: Any, tokens: int) -> str | None:
+def state_problem(state: Any, tokens: int, extremes: Any = None) -> str | None:
     """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
 
     One pass of ``aminmax`` (it propagates NaN; Inf is an end): ``isfinite(...).all()`` plus
     ``any()`` cost 11 of 15 s of an extraction on the H200 (docs/benchmarks.md), this about
-    a tenth of that on the CPU."""
+    a tenth of that on the CPU. ``extremes``: the states' ``(min, max)`` where they are known
+    already (the worker computes them on the GPU, beside the copies to the host)."""
     import torch
 
     if state.shape[0] != tokens:
         return f"states for {state.shape[0]} tokens, the row has {tokens}"
-    low, high = torch.aminmax(state)
+    low, high = torch.aminmax(state) if extremes is None else extremes
     if not (torch.isfinite(low) and torch.isfinite(high)):
         return "states hold NaN or Inf"
     if low == 0 and high == 0:
         return "states are all zero"
     return None
+
+
+#: One sample's per-layer states on the host, and their ``[layers, 2]`` extremes where known.
+OnHost = tuple[list[Any], Any]
 
 
 @dataclass(frozen=True)
@@ -228,11 +233,13 @@ class WorkerFiles:
             for job in jobs:
                 job.result()
 
-    def _to_host(self, per_sample: list[list[Any]]) -> list[Callable[[], list[Any]]]:
+    def _to_host(self, per_sample: list[list[Any]]) -> list[Callable[[], OnHost]]:
         """For each sample, a function giving its per-layer states on the host, each its own
-        tensor (``torch.save`` writes a view's whole storage). On a CUDA device the copies go
-        to page-locked memory on a side stream now, and the function waits for them; on the
-        CPU it clones."""
+        tensor (``torch.save`` writes a view's whole storage), with their extremes where known.
+        On a CUDA device the copies go to page-locked memory on a side stream now, with each
+        layer's ``(min, max)`` computed there (the writers' checks on the host were the
+        largest CPU cost after the writes themselves, docs/benchmarks.md run 7), and the
+        function waits for them; on the CPU it clones."""
         import torch
 
         if not per_sample or not per_sample[0] or not per_sample[0][0].is_cuda:
@@ -242,6 +249,7 @@ class WorkerFiles:
                 [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in layers]
                 for layers in per_sample
             ]
+            extremes = torch.empty((len(per_sample), len(per_sample[0]), 2), pin_memory=True)
         with self._clock("copies"):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -250,12 +258,19 @@ class WorkerFiles:
                     for place, t in zip(host, layers, strict=True):
                         place.copy_(t, non_blocking=True)
                         t.record_stream(side)  # not reused before the copy is done
+                found = torch.stack(
+                    [torch.stack(torch.aminmax(t)) for layers in per_sample for t in layers]
+                )
+                extremes.copy_(found.float().view(extremes.shape), non_blocking=True)
             done = torch.cuda.Event()
             done.record(side)
         self.pinned = True
-        return [functools.partial(_when_copied, done, host) for host in copies]
+        return [
+            functools.partial(_when_copied, done, host, extremes[i])
+            for i, host in enumerate(copies)
+        ]
 
-    def _write(self, expected: Expected, states: Callable[[], list[Any]]) -> None:
+    def _write(self, expected: Expected, states: Callable[[], OnHost]) -> None:
         """On a writer thread: check the sample's states and write its file; the problem that
         kept it from being written, or None."""
         import torch
@@ -264,10 +279,11 @@ class WorkerFiles:
             return
         problem = None
         with self._clock("copied"):
-            layers = states()
+            layers, extremes = states()
         with self._clock("check"):
-            for layer, state in zip(self.layers, layers, strict=True):
-                if found := state_problem(state, len(expected.input_ids)):
+            for place, (layer, state) in enumerate(zip(self.layers, layers, strict=True)):
+                known = None if extremes is None else extremes[place]
+                if found := state_problem(state, len(expected.input_ids), known):
                     problem = f"{expected.where}, layer {layer}: {found}; refusing to write them"
                     break
         if problem is None:
@@ -300,13 +316,13 @@ class WorkerFiles:
         return done
 
 
-def _cloned(layers: list[Any]) -> list[Any]:
-    return [t.clone() for t in layers]
+def _cloned(layers: list[Any]) -> OnHost:
+    return [t.clone() for t in layers], None
 
 
-def _when_copied(done: Any, host: list[Any]) -> list[Any]:
+def _when_copied(done: Any, host: list[Any], extremes: Any) -> OnHost:
     done.synchronize()
-    return host
+    return host, extremes
 
 
 def _columnless(tensor: Any) -> Any:

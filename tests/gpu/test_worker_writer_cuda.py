@@ -1,0 +1,55 @@
+"""The ``worker`` hand-off's CUDA branch on the device itself: the copies to page-locked memory
+on a side stream and the checks computed on the GPU beside them (the CPU branch:
+tests/runner/test_worker_writer.py; the whole path through vLLM: test_cuda_extraction.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from runner.test_worker_writer import assert_written, expected
+
+from specshim.runner.worker_writer import WorkerFiles
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        (float("nan"), "states hold NaN or Inf"),
+        (float("inf"), "states hold NaN or Inf"),
+        (None, "states are all zero"),
+    ],
+)
+def test_checks_on_the_gpu_refuse_what_the_host_checks_refuse(tmp_path, bad, problem) -> None:
+    """Three samples of bf16 states on the GPU, the second one bad in its second layer: the
+    first is written bit for bit from page-locked copies, the second refused with the same
+    message as on the host, the writing stopped after it."""
+    batch = expected(tmp_path, [3, 4, 2])
+    layers = [torch.randn(9, 64, device="cuda").to(torch.bfloat16) for _ in range(2)]
+    if bad is None:
+        layers[1][3:7] = 0
+    else:
+        layers[1][5, 7] = bad
+    writer = WorkerFiles(layers=[4, 8], threads=1)  # the samples are taken in order
+    writer.expect(batch)
+    reply = writer.reply([t.clone() for t in layers])
+    assert [(tuple(t.shape), t.device.type) for t in reply] == [((9, 0), "cpu")] * 2
+    done = dict(writer.finished(wait=True))
+    assert writer.pinned
+    assert_written(batch[:1], [[t[:3].cpu() for t in layers]])
+    assert done[batch[1].path] == f"line 2 (data_1.pt), layer 8: {problem}; refusing to write them"
+    assert not Path(batch[1].path).exists() and not Path(batch[2].path).exists()
+
+
+def test_keyed_reply_on_the_gpu_is_written_bit_for_bit(tmp_path) -> None:
+    """speculators 0.4.x's reply of per-request states on the GPU, twelve requests."""
+    batch = expected(tmp_path, [5] * 12)
+    states = [[torch.randn(5, 32, device="cuda").to(torch.bfloat16)] for _ in range(12)]
+    writer = WorkerFiles(layers=[3])
+    writer.expect(batch)
+    writer.reply({f"req_2_{i}": s for i, s in enumerate(states)})
+    assert all(problem is None for _, problem in writer.finished(wait=True))
+    assert_written(batch, [[s[0].cpu()] for s in states])
