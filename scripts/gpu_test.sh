@@ -5,6 +5,7 @@
 # PYTHONPATH, so the bundle need not be rebuilt after a change.
 #
 #   scripts/gpu_test.sh [pytest args]        # SPECSHIM_GPU_ROOT=/root/g by default
+#   scripts/gpu_test.sh tests/gpu/test_worker_writer_cuda.py   # paths given: only those
 #   STREAMS=3 LOGS=dir scripts/gpu_test.sh -k "not native"
 #
 # STREAMS=N runs the selected tests in N pytest processes at once on the one GPU (dealt
@@ -24,15 +25,17 @@ export HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 TOKENIZERS_PARALLELISM=false
 export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not in the bundle
 export SPECSHIM_E2E_OUT="${SPECSHIM_E2E_OUT:-/tmp/specshim-gpu-e2e}"
 PYTEST=(python3 -m pytest -q -rfEsp -p no:cacheprovider -m gpu)  # -r: a line per test
+TARGETS=(tests/gpu)  # the whole suite, unless a path under tests/ is given
+for arg in "$@"; do [[ $arg == tests/* ]] && TARGETS=(); done
 STREAMS=${STREAMS:-1}
 if [ "$STREAMS" -le 1 ]; then
-    exec "${PYTEST[@]}" tests/gpu "$@"
+    exec "${PYTEST[@]}" "${TARGETS[@]}" "$@"
 fi
 LOGS=${LOGS:-/tmp/specshim-gpu-logs}
 mkdir -p "$LOGS"
 export SPECSHIM_E2E_GPU_MEMORY
 SPECSHIM_E2E_GPU_MEMORY=$(python3 -c "print(round(0.8 / $STREAMS, 3))")
-mapfile -t tests < <("${PYTEST[@]}" tests/gpu --collect-only "$@" | grep '::')
+mapfile -t tests < <("${PYTEST[@]}" "${TARGETS[@]}" --collect-only "$@" | grep '::')
 pids=()
 for ((k = 0; k < STREAMS; k++)); do
     mine=()

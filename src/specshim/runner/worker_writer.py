@@ -15,7 +15,9 @@ loop costs nothing; the caller checks their token counts and records each file i
 once the worker says it is in place (:meth:`WorkerFiles.finished`). The files hold the tensors
 the generator would have returned, bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu
 on the H200). Measured on the H200 with the disk out of the way: 1.5 times the ``ipc``
-hand-off's speed (docs/benchmarks.md section 6, run 6, which says what limits it now).
+hand-off's speed, 0.30 of vLLM's prefill; :attr:`WorkerFiles.seconds` says where the time goes
+(docs/benchmarks.md section 6, run 7: not in the writers' CPU, which the checks computed on
+the GPU lowered without changing the rate).
 
 How the worker splits a reply is each speculators release's own: 0.3.0 replies one tensor per
 layer, the call's requests concatenated in input order (the generator slices them by prompt
