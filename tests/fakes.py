@@ -14,7 +14,6 @@ import pytest
 
 import specshim
 from specshim import engine
-from specshim.adapters import registry
 from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, needed
 
 FAKE = "specshim_fake_target"
@@ -58,5 +57,6 @@ def fake_module() -> Iterator[types.ModuleType]:
 
 
 def use(monkeypatch: pytest.MonkeyPatch, *adapters: Adapter) -> None:
-    monkeypatch.setattr(registry, "ADAPTERS", adapters)
-    monkeypatch.setattr(engine, "_installed", lambda root: True)
+    """``specshim.apply()`` and friends drive an engine of ``adapters`` (every distribution
+    taken as installed) for the rest of the test."""
+    monkeypatch.setattr(engine, "default", engine.Engine(adapters, installed=lambda root: True))

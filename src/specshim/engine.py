@@ -17,8 +17,8 @@ import sys
 import threading
 import traceback
 import warnings
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from types import CodeType, ModuleType
 
 from specshim.adapters import registry
@@ -127,28 +127,8 @@ class Report:
         return {"changed": self.changed, "adapters": [a.to_dict() for a in self.adapters]}
 
 
-@dataclass
-class _Engine:
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    applied: dict[str, list[Patch]] = field(default_factory=dict)
-    outcome: dict[str, tuple[State, str]] = field(default_factory=dict)
-    waiting: set[str] = field(default_factory=set)
-    hooked_modules: set[str] = field(default_factory=set)
-    strict: bool = False
-
-
-_engine = _Engine()
-
-
 def _env_list(name: str) -> set[str]:
     return {item.strip() for item in os.environ.get(name, "").split(",") if item.strip()}
-
-
-def _check_names(names: Iterable[str], what: str) -> None:
-    known = registry.names()
-    unknown = sorted(set(names) - set(known))
-    if unknown:
-        raise ValueError(f"{what}: unknown adapter name(s) {unknown}; known adapters: {known}")
 
 
 def _names(value: str | Iterable[str] | None, what: str) -> list[str] | None:
@@ -164,26 +144,6 @@ def _names(value: str | Iterable[str] | None, what: str) -> list[str] | None:
     if wrong:
         raise TypeError(f"{what}= takes adapter names (strings), got {wrong[0]!r} in {names!r}")
     return names
-
-
-def _selection(only: Iterable[str] | None, exclude: Iterable[str] | None) -> list[Adapter]:
-    """The adapters to consider, in registry order, with their ``requires`` pulled in."""
-    if only is not None:
-        _check_names(only, "only")
-    if exclude is not None:
-        _check_names(exclude, "exclude")
-    chosen = set(registry.names() if only is None else only)
-    pending = list(chosen)
-    while pending:
-        for dependency in registry.get(pending.pop()).requires:
-            if dependency not in chosen:
-                chosen.add(dependency)
-                pending.append(dependency)
-    chosen -= set(exclude or ())
-    # An adapter whose requirement was excluded cannot work: leave it out too.
-    while dropped := {n for n in chosen if not set(registry.get(n).requires) <= chosen}:
-        chosen -= dropped
-    return [a for a in registry.ADAPTERS if a.name in chosen]
 
 
 def _installed(root: str) -> bool:
@@ -205,163 +165,305 @@ def _ready(adapter: Adapter, just_loaded: str | None = None) -> bool:
     return all(_imported(m, just_loaded) for m in adapter.waits_for)
 
 
-def _culprit(adapter: Adapter, exc: UnknownShape) -> str:
-    """The adapter whose probe met the unknown shape. A probe may run other adapters' probes
-    (``extraction_executor`` asks its dependents), and the innermost probe frame in the
-    traceback is the one whose expectation failed. Probes sharing one code object (made by
-    one factory) cannot be told apart by their frames: then it is ``adapter`` itself."""
-    owners: dict[CodeType, list[str]] = {}
-    for candidate in registry.ADAPTERS:
-        code = getattr(candidate.probe, "__code__", None)
-        if code is not None:
-            owners.setdefault(code, []).append(candidate.name)
-    frames = [f.f_code for f, _ in traceback.walk_tb(exc.__traceback__) if f.f_code in owners]
-    innermost = owners[frames[-1]] if frames else []
-    return innermost[0] if len(innermost) == 1 else adapter.name
+class Engine:
+    """A set of adapters and what applying them did: which are in force (with their patches),
+    each one's outcome, which wait for a module to be imported, strict or not.
 
+    :func:`apply`, :func:`revert` and :func:`status` (``specshim.apply()`` and friends) act on
+    :data:`default`, the engine of every adapter in the registry. Another engine is made the
+    same way over other adapters (the tests' fakes) and can stand in for it; its state is an
+    object to query, as pluggy's ``PluginManager`` is, not a module's globals. ``installed``
+    says whether a distribution's top-level package can be imported."""
 
-def _blocker(adapter: Adapter) -> str | None:
-    """The first adapter ``adapter`` requires that is not in force, with why, or None."""
-    for name in adapter.requires:
-        state, reason = _engine.outcome.get(name, (None, ""))
-        if state in BROKEN:
-            return f"it needs {name!r}, which is {state.value}: {reason}"
-    return None
+    def __init__(
+        self, adapters: Iterable[Adapter], installed: Callable[[str], bool] = _installed
+    ) -> None:
+        self.adapters = tuple(adapters)
+        self.installed = installed
+        self.lock = threading.RLock()
+        self.applied: dict[str, list[Patch]] = {}
+        self.outcome: dict[str, tuple[State, str]] = {}
+        self.waiting: set[str] = set()
+        self.hooked_modules: set[str] = set()
+        self.strict = False
 
+    def names(self) -> list[str]:
+        """Every adapter's name, in the order they apply."""
+        return [a.name for a in self.adapters]
 
-def _decide(adapter: Adapter, strict: bool) -> Probe | None:
-    """Run ``adapter``'s probe. An unknown shape is recorded on the adapter and raised in
-    strict mode (naming the adapter whose probe met it); otherwise warned about: None."""
-    try:
-        return adapter.probe()
-    except UnknownShape as exc:
-        culprit = _culprit(adapter, exc)
-        message = f"adapter {culprit!r} {exc}"
-        if culprit != adapter.name:
-            message += f" (asked by {adapter.name!r})"
-        _engine.outcome[adapter.name] = (State.UNKNOWN_SHAPE, message)
-        if strict:
-            raise AdapterError(culprit, f"{message} (SPECSHIM_STRICT=1)") from exc
-        warnings.warn(message, ShapeWarning, stacklevel=4)
+    def get(self, name: str) -> Adapter:
+        """The adapter called ``name``; ``KeyError`` naming the known ones otherwise."""
+        for adapter in self.adapters:
+            if adapter.name == name:
+                return adapter
+        raise KeyError(f"no adapter named {name!r}; known adapters: {self.names()}")
+
+    def _check_names(self, names: Iterable[str], what: str) -> None:
+        known = self.names()
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise ValueError(f"{what}: unknown adapter name(s) {unknown}; known adapters: {known}")
+
+    def _selection(
+        self, only: Iterable[str] | None, exclude: Iterable[str] | None
+    ) -> list[Adapter]:
+        """The adapters to consider, in registry order, with their ``requires`` pulled in."""
+        if only is not None:
+            self._check_names(only, "only")
+        if exclude is not None:
+            self._check_names(exclude, "exclude")
+        chosen = set(self.names() if only is None else only)
+        pending = list(chosen)
+        while pending:
+            for dependency in self.get(pending.pop()).requires:
+                if dependency not in chosen:
+                    chosen.add(dependency)
+                    pending.append(dependency)
+        chosen -= set(exclude or ())
+        # An adapter whose requirement was excluded cannot work: leave it out too.
+        while dropped := {n for n in chosen if not set(self.get(n).requires) <= chosen}:
+            chosen -= dropped
+        return [a for a in self.adapters if a.name in chosen]
+
+    def _culprit(self, adapter: Adapter, exc: UnknownShape) -> str:
+        """The adapter whose probe met the unknown shape. A probe may run other adapters' probes
+        (``extraction_executor`` asks its dependents), and the innermost probe frame in the
+        traceback is the one whose expectation failed. Probes sharing one code object (made by
+        one factory) cannot be told apart by their frames: then it is ``adapter`` itself."""
+        owners: dict[CodeType, list[str]] = {}
+        for candidate in self.adapters:
+            code = getattr(candidate.probe, "__code__", None)
+            if code is not None:
+                owners.setdefault(code, []).append(candidate.name)
+        frames = [f.f_code for f, _ in traceback.walk_tb(exc.__traceback__) if f.f_code in owners]
+        innermost = owners[frames[-1]] if frames else []
+        return innermost[0] if len(innermost) == 1 else adapter.name
+
+    def _blocker(self, adapter: Adapter) -> str | None:
+        """The first adapter ``adapter`` requires that is not in force, with why, or None."""
+        for name in adapter.requires:
+            state, reason = self.outcome.get(name, (None, ""))
+            if state in BROKEN:
+                return f"it needs {name!r}, which is {state.value}: {reason}"
         return None
 
-
-def _patch(adapter: Adapter, probe: Probe) -> None:
-    """Apply ``adapter``'s patches; on a failure undo them and raise, naming the adapter."""
-    patches: list[Patch] = []
-    try:
-        patches = adapter.patches()
-        for patch in patches:
-            patch.apply()
-    except Exception as exc:
-        for patch in reversed(patches):
-            patch.revert()
-        message = f"adapter {adapter.name!r} failed to apply: {exc}"
-        _engine.outcome[adapter.name] = (State.FAILED, message)
-        raise AdapterError(adapter.name, message) from exc
-    _engine.applied[adapter.name] = patches
-    _engine.outcome[adapter.name] = (State.APPLIED, probe.reason)
-
-
-def _roll_back(
-    adapters: list[Adapter], tried: list[str], done: list[str], exc: AdapterError
-) -> None:
-    """Undo the group's applied adapters, newest first, and mark them and the untried ones
-    rolled back, naming the cause; what the group's probes decided otherwise stays. The
-    culprit, when the probe of another met its shape first, gets its own state."""
-    for name in reversed(done):
-        for patch in reversed(_engine.applied.pop(name)):
-            patch.revert()
-        _engine.outcome[name] = (State.ROLLED_BACK, f"undone: {exc}")
-    shape = isinstance(exc.__cause__, UnknownShape)
-    for adapter in adapters:
-        if adapter.name == exc.adapter and adapter.name not in tried:
-            state = State.UNKNOWN_SHAPE if shape else State.FAILED
-            _engine.outcome[adapter.name] = (state, str(exc))
-        elif adapter.name not in tried:
-            _engine.outcome[adapter.name] = (State.ROLLED_BACK, f"not tried: {exc}")
-
-
-def _apply_group(adapters: list[Adapter], strict: bool) -> None:
-    """Probe and patch ``adapters`` (all importable now); on a failure undo the whole group
-    and raise :class:`AdapterError`. An unknown shape is that failure in strict mode;
-    otherwise it is warned about and only the adapters it concerns stay out."""
-    tried: list[str] = []
-    done: list[str] = []
-    try:
-        for adapter in adapters:
-            tried.append(adapter.name)
-            probe = _decide(adapter, strict)
-            if probe is None:
-                continue
-            if probe.decision is not Decision.NEEDED:
-                state = {
-                    Decision.NOT_NEEDED: State.NOT_NEEDED,
-                    Decision.NOT_APPLICABLE: State.NOT_APPLICABLE,
-                }[probe.decision]
-                _engine.outcome[adapter.name] = (state, probe.reason)
-            elif blocker := _blocker(adapter):
-                _engine.outcome[adapter.name] = (State.ROLLED_BACK, f"not applied: {blocker}")
-            else:
-                _patch(adapter, probe)
-                done.append(adapter.name)
-    except AdapterError as exc:
-        _roll_back(adapters, tried, done, exc)
-        raise
-
-
-def _rearm(loaded: ModuleType, adapters: list[Adapter]) -> None:
-    """After a strict failure inside ``loaded``'s import: its adapters wait again and the hook
-    is registered again, so importing it a second time meets the same check instead of
-    running unpatched. The module leaves ``sys.modules`` first (importlib drops a module whose
-    import raised anyway; wrapt would otherwise call the hook at once)."""
-    import wrapt
-
-    _engine.waiting |= {a.name for a in adapters}
-    sys.modules.pop(loaded.__name__, None)
-    wrapt.register_post_import_hook(_on_import, loaded.__name__)
-
-
-def _on_import(loaded: ModuleType) -> None:
-    """Post-import hook: apply every waiting adapter whose modules are all imported now.
-
-    A failure fails the import in strict mode (the importer gets the :class:`AdapterError`);
-    otherwise it is warned about and kept in the report (``status()`` shows it, ``ok`` is
-    False), since raising would break every import of vLLM or speculators.
-    """
-    with _engine.lock:
-        ready = [
-            a for a in registry.ADAPTERS if a.name in _engine.waiting and _ready(a, loaded.__name__)
-        ]
-        if not ready:
-            return
-        _engine.waiting -= {a.name for a in ready}
+    def _decide(self, adapter: Adapter, strict: bool) -> Probe | None:
+        """Run ``adapter``'s probe. An unknown shape is recorded on the adapter and raised in
+        strict mode (naming the adapter whose probe met it); otherwise warned about: None."""
         try:
-            _apply_group(ready, _engine.strict)
+            return adapter.probe()
+        except UnknownShape as exc:
+            culprit = self._culprit(adapter, exc)
+            message = f"adapter {culprit!r} {exc}"
+            if culprit != adapter.name:
+                message += f" (asked by {adapter.name!r})"
+            self.outcome[adapter.name] = (State.UNKNOWN_SHAPE, message)
+            if strict:
+                raise AdapterError(culprit, f"{message} (SPECSHIM_STRICT=1)") from exc
+            warnings.warn(message, ShapeWarning, stacklevel=4)
+            return None
+
+    def _patch(self, adapter: Adapter, probe: Probe) -> None:
+        """Apply ``adapter``'s patches; on a failure undo them and raise, naming the adapter."""
+        patches: list[Patch] = []
+        try:
+            patches = adapter.patches()
+            for patch in patches:
+                patch.apply()
+        except Exception as exc:
+            for patch in reversed(patches):
+                patch.revert()
+            message = f"adapter {adapter.name!r} failed to apply: {exc}"
+            self.outcome[adapter.name] = (State.FAILED, message)
+            raise AdapterError(adapter.name, message) from exc
+        self.applied[adapter.name] = patches
+        self.outcome[adapter.name] = (State.APPLIED, probe.reason)
+
+    def _roll_back(
+        self, adapters: list[Adapter], tried: list[str], done: list[str], exc: AdapterError
+    ) -> None:
+        """Undo the group's applied adapters, newest first, and mark them and the untried ones
+        rolled back, naming the cause; what the group's probes decided otherwise stays. The
+        culprit, when the probe of another met its shape first, gets its own state."""
+        for name in reversed(done):
+            for patch in reversed(self.applied.pop(name)):
+                patch.revert()
+            self.outcome[name] = (State.ROLLED_BACK, f"undone: {exc}")
+        shape = isinstance(exc.__cause__, UnknownShape)
+        for adapter in adapters:
+            if adapter.name == exc.adapter and adapter.name not in tried:
+                state = State.UNKNOWN_SHAPE if shape else State.FAILED
+                self.outcome[adapter.name] = (state, str(exc))
+            elif adapter.name not in tried:
+                self.outcome[adapter.name] = (State.ROLLED_BACK, f"not tried: {exc}")
+
+    def _apply_group(self, adapters: list[Adapter], strict: bool) -> None:
+        """Probe and patch ``adapters`` (all importable now); on a failure undo the whole group
+        and raise :class:`AdapterError`. An unknown shape is that failure in strict mode;
+        otherwise it is warned about and only the adapters it concerns stay out."""
+        tried: list[str] = []
+        done: list[str] = []
+        try:
+            for adapter in adapters:
+                tried.append(adapter.name)
+                probe = self._decide(adapter, strict)
+                if probe is None:
+                    continue
+                if probe.decision is not Decision.NEEDED:
+                    state = {
+                        Decision.NOT_NEEDED: State.NOT_NEEDED,
+                        Decision.NOT_APPLICABLE: State.NOT_APPLICABLE,
+                    }[probe.decision]
+                    self.outcome[adapter.name] = (state, probe.reason)
+                elif blocker := self._blocker(adapter):
+                    self.outcome[adapter.name] = (State.ROLLED_BACK, f"not applied: {blocker}")
+                else:
+                    self._patch(adapter, probe)
+                    done.append(adapter.name)
         except AdapterError as exc:
-            if _engine.strict:
-                _rearm(loaded, ready)
-                raise
-            warnings.warn(str(exc), ShapeWarning, stacklevel=2)
+            self._roll_back(adapters, tried, done, exc)
+            raise
+
+    def _rearm(self, loaded: ModuleType, adapters: list[Adapter]) -> None:
+        """After a strict failure inside ``loaded``'s import: its adapters wait again and the hook
+        is registered again, so importing it a second time meets the same check instead of
+        running unpatched. The module leaves ``sys.modules`` first (importlib drops a module whose
+        import raised anyway; wrapt would otherwise call the hook at once)."""
+        import wrapt
+
+        self.waiting |= {a.name for a in adapters}
+        sys.modules.pop(loaded.__name__, None)
+        wrapt.register_post_import_hook(self._on_import, loaded.__name__)
+
+    def _on_import(self, loaded: ModuleType) -> None:
+        """Post-import hook: apply every waiting adapter whose modules are all imported now.
+
+        A failure fails the import in strict mode (the importer gets the :class:`AdapterError`);
+        otherwise it is warned about and kept in the report (``self.status()`` shows it, ``ok`` is
+        False), since raising would break every import of vLLM or speculators.
+        """
+        with self.lock:
+            ready = [
+                a for a in self.adapters if a.name in self.waiting and _ready(a, loaded.__name__)
+            ]
+            if not ready:
+                return
+            self.waiting -= {a.name for a in ready}
+            try:
+                self._apply_group(ready, self.strict)
+            except AdapterError as exc:
+                if self.strict:
+                    self._rearm(loaded, ready)
+                    raise
+                warnings.warn(str(exc), ShapeWarning, stacklevel=2)
+
+    def _wait_for(self, adapter: Adapter) -> None:
+        import wrapt
+
+        self.waiting.add(adapter.name)
+        for module_name in adapter.waits_for:
+            if module_name not in sys.modules and module_name not in self.hooked_modules:
+                wrapt.register_post_import_hook(self._on_import, module_name)
+                self.hooked_modules.add(module_name)
+
+    def _undo(self) -> None:
+        """Revert every applied patch, newest first, and forget every outcome and wait."""
+        for adapter in reversed(self.adapters):
+            for patch in reversed(self.applied.pop(adapter.name, [])):
+                patch.revert()
+        self.waiting.clear()
+        self.outcome.clear()
+
+    def apply(
+        self,
+        *,
+        only: str | Iterable[str] | None = None,
+        exclude: str | Iterable[str] | None = None,
+        strict: bool | None = None,
+    ) -> Report:
+        """Apply every needed adapter (or ``only`` those, minus ``exclude``), all-or-nothing.
+
+        ``only`` and ``exclude`` take adapter names; a single string is one name. Safe to call
+        again: with the same selection what is applied stays applied and the report says nothing
+        changed; with a selection that leaves out an applied (or waiting) adapter, everything is
+        reverted first and the new selection applied (patches may stack on one attribute, so
+        they come off newest first), so what is applied is always what ``SPECSHIM_APPLY`` records
+        for the workers. Raises :class:`AdapterError` naming the adapter when a needed one cannot
+        be applied, :class:`TypeError` or :class:`ValueError` for a bad name.
+        """
+        only = _names(only, "only")
+        exclude = sorted(set(_names(exclude, "exclude") or ()) | _env_list(DISABLE_ENV))
+        strict = os.environ.get(STRICT_ENV, "") == "1" if strict is None else strict
+        with self.lock:
+            self.strict = strict
+            before = dict(self.outcome)
+            selected = self._selection(only, exclude)
+            if (set(self.applied) | self.waiting) - {a.name for a in selected}:
+                self._undo()
+            now: list[Adapter] = []
+            for adapter in selected:
+                if adapter.name in self.applied or adapter.name in self.waiting:
+                    continue
+                missing = [r for r in adapter.distribution_roots if not self.installed(r)]
+                if missing:
+                    self.outcome[adapter.name] = (
+                        State.NOT_APPLICABLE,
+                        f"{', '.join(missing)} not installed",
+                    )
+                elif _ready(adapter):
+                    now.append(adapter)
+                else:
+                    self._wait_for(adapter)
+                    waiting_on = [m for m in adapter.waits_for if not _imported(m)]
+                    self.outcome[adapter.name] = (
+                        State.WAITING,
+                        f"until {waiting_on[0]} is imported",
+                    )
+            for name in sorted(set(self.names()) - {a.name for a in selected}):
+                reason = "SPECSHIM_DISABLE or exclude" if name in exclude else "not in only="
+                if name not in self.applied:
+                    self.outcome[name] = (State.DISABLED, reason)
+            # recorded first: what is applied (or waiting) now is this selection even when the
+            # group below fails, and the workers must not go on applying an earlier one
+            os.environ[APPLY_ENV] = json.dumps({"only": only, "exclude": exclude, "strict": strict})
+            self._apply_group(now, strict)
+            return self._report(changed=self.outcome != before)
+
+    def revert(self) -> Report:
+        """Undo every applied patch, newest first, restoring each original object by identity."""
+        with self.lock:
+            before = dict(self.outcome)
+            self._undo()
+            os.environ.pop(APPLY_ENV, None)
+            return self._report(changed=bool(before))
+
+    def status(self) -> Report:
+        """The current state of every adapter, without changing anything."""
+        with self.lock:
+            return self._report(changed=False)
+
+    def _report(self, changed: bool) -> Report:
+        statuses = []
+        for adapter in self.adapters:
+            state, reason = self.outcome.get(
+                adapter.name, (State.NOT_SELECTED, "self.apply() not called")
+            )
+            statuses.append(
+                AdapterStatus(
+                    name=adapter.name,
+                    state=state,
+                    reason=reason,
+                    why=adapter.why,
+                    upstream=adapter.upstream,
+                    remove_when=adapter.remove_when,
+                    targets=adapter.targets,
+                )
+            )
+        return Report(adapters=tuple(statuses), changed=changed)
 
 
-def _wait_for(adapter: Adapter) -> None:
-    import wrapt
-
-    _engine.waiting.add(adapter.name)
-    for module_name in adapter.waits_for:
-        if module_name not in sys.modules and module_name not in _engine.hooked_modules:
-            wrapt.register_post_import_hook(_on_import, module_name)
-            _engine.hooked_modules.add(module_name)
-
-
-def _undo() -> None:
-    """Revert every applied patch, newest first, and forget every outcome and wait."""
-    for adapter in reversed(registry.ADAPTERS):
-        for patch in reversed(_engine.applied.pop(adapter.name, [])):
-            patch.revert()
-    _engine.waiting.clear()
-    _engine.outcome.clear()
+#: The engine of every adapter in the registry: what ``specshim.apply()`` drives.
+default = Engine(registry.ADAPTERS)
 
 
 def apply(
@@ -370,53 +472,18 @@ def apply(
     exclude: str | Iterable[str] | None = None,
     strict: bool | None = None,
 ) -> Report:
-    """Apply every needed adapter (or ``only`` those, minus ``exclude``), all-or-nothing.
+    """:meth:`Engine.apply` on :data:`default`."""
+    return default.apply(only=only, exclude=exclude, strict=strict)
 
-    ``only`` and ``exclude`` take adapter names; a single string is one name. Safe to call
-    again: with the same selection what is applied stays applied and the report says nothing
-    changed; with a selection that leaves out an applied (or waiting) adapter, everything is
-    reverted first and the new selection applied (patches may stack on one attribute, so
-    they come off newest first), so what is applied is always what ``SPECSHIM_APPLY`` records
-    for the workers. Raises :class:`AdapterError` naming the adapter when a needed one cannot
-    be applied, :class:`TypeError` or :class:`ValueError` for a bad name.
-    """
-    only = _names(only, "only")
-    exclude = sorted(set(_names(exclude, "exclude") or ()) | _env_list(DISABLE_ENV))
-    strict = os.environ.get(STRICT_ENV, "") == "1" if strict is None else strict
-    with _engine.lock:
-        _engine.strict = strict
-        before = dict(_engine.outcome)
-        selected = _selection(only, exclude)
-        if (set(_engine.applied) | _engine.waiting) - {a.name for a in selected}:
-            _undo()
-        now: list[Adapter] = []
-        for adapter in selected:
-            if adapter.name in _engine.applied or adapter.name in _engine.waiting:
-                continue
-            missing = [r for r in adapter.distribution_roots if not _installed(r)]
-            if missing:
-                _engine.outcome[adapter.name] = (
-                    State.NOT_APPLICABLE,
-                    f"{', '.join(missing)} not installed",
-                )
-            elif _ready(adapter):
-                now.append(adapter)
-            else:
-                _wait_for(adapter)
-                waiting_on = [m for m in adapter.waits_for if not _imported(m)]
-                _engine.outcome[adapter.name] = (
-                    State.WAITING,
-                    f"until {waiting_on[0]} is imported",
-                )
-        for name in sorted(set(registry.names()) - {a.name for a in selected}):
-            reason = "SPECSHIM_DISABLE or exclude" if name in exclude else "not in only="
-            if name not in _engine.applied:
-                _engine.outcome[name] = (State.DISABLED, reason)
-        # recorded first: what is applied (or waiting) now is this selection even when the
-        # group below fails, and the workers must not go on applying an earlier one
-        os.environ[APPLY_ENV] = json.dumps({"only": only, "exclude": exclude, "strict": strict})
-        _apply_group(now, strict)
-        return _report(changed=_engine.outcome != before)
+
+def revert() -> Report:
+    """:meth:`Engine.revert` on :data:`default`."""
+    return default.revert()
+
+
+def status() -> Report:
+    """:meth:`Engine.status` on :data:`default`."""
+    return default.status()
 
 
 def apply_from_environment() -> Report | None:
@@ -431,38 +498,3 @@ def apply_from_environment() -> Report | None:
             f"{APPLY_ENV} must hold the JSON written by specshim.apply(), got {recorded!r}"
         ) from exc
     return apply(only=selection["only"], exclude=selection["exclude"], strict=selection["strict"])
-
-
-def revert() -> Report:
-    """Undo every applied patch, newest first, restoring each original object by identity."""
-    with _engine.lock:
-        before = dict(_engine.outcome)
-        _undo()
-        os.environ.pop(APPLY_ENV, None)
-        return _report(changed=bool(before))
-
-
-def status() -> Report:
-    """The current state of every adapter, without changing anything."""
-    with _engine.lock:
-        return _report(changed=False)
-
-
-def _report(changed: bool) -> Report:
-    statuses = []
-    for adapter in registry.ADAPTERS:
-        state, reason = _engine.outcome.get(
-            adapter.name, (State.NOT_SELECTED, "apply() not called")
-        )
-        statuses.append(
-            AdapterStatus(
-                name=adapter.name,
-                state=state,
-                reason=reason,
-                why=adapter.why,
-                upstream=adapter.upstream,
-                remove_when=adapter.remove_when,
-                targets=adapter.targets,
-            )
-        )
-    return Report(adapters=tuple(statuses), changed=changed)
