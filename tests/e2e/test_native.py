@@ -36,7 +36,8 @@ def extract(pair: tuple[str, str], model: Path, dataset: Path, out: Path, backen
     args = (*extract_args(model, dataset, out), "--backend", backend)
     cmd, env = specshim_command(*args, vllm=vllm, speculators=speculators)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1:] or ["(nothing on stderr)"]
+    assert done.returncode == 0, f"{last[0]}\n{done.stderr[-3000:]}"  # the cause first
 
 
 @pytest.fixture(scope="module", params=PAIRS, ids=["-".join(p) for p in PAIRS])
