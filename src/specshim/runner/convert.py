@@ -87,6 +87,10 @@ class Sample:
 
 @dataclass
 class Summary:
+    """What :func:`convert` did, for ``specshim convert`` to print: the direction, ``out``, the
+    source's sample count (``written`` converted by this run, ``kept`` from an earlier one),
+    the sample files ``removed`` beyond that count, and the speculators 0.3/0.4 layer ids."""
+
     direction: str
     out: Path
     samples: int
@@ -96,6 +100,8 @@ class Summary:
     generator_ids: list[int]
 
     def text(self) -> str:
+        """The lines ``specshim convert`` prints: the counts, the layer ids in both numberings,
+        and how to train on ``out`` with the release that reads it."""
         vllm = vllm_ids(self.generator_ids)
         lines = [
             f"{self.direction}: {self.samples} samples ({self.written} converted, "
@@ -209,6 +215,8 @@ class LegacySource:
         )
 
     def fingerprint(self, i: int) -> str:
+        """What sample ``i`` is converted from: ``data_{i}.pt``'s name, size and modification
+        time (the file is not read) and the layer ids."""
         return _fingerprint(_stamp(self.folder / f"data_{i}.pt"), self.generator_ids)
 
     def load(self, i: int) -> Sample:
@@ -271,12 +279,19 @@ class ArrowSource:
         return row["input_ids"], row["loss_mask"]
 
     def fingerprint(self, i: int) -> str:
+        """What row ``i`` is converted from: ``hs_{i}.safetensors``'s name, size and
+        modification time (None when it is missing, which :meth:`load` refuses), the row's
+        token ids and loss mask, and the layer ids."""
         ids, mask = self.row(i)
         path = self.states_dir / f"hs_{i}.safetensors"
         stamp = _stamp(path) if path.exists() else None  # a missing file fails in load()
         return _fingerprint(stamp, ids.tolist(), mask.tolist(), self.vllm)
 
     def load(self, i: int) -> Sample:
+        """Row ``i`` with the states of ``hs_{i}.safetensors``, one ``[seq, hidden]`` tensor per
+        layer. A file that is missing, unreadable or FP8-quantized, states not
+        ``[seq, layers, hidden]``, or ``token_ids`` other than the row's ``input_ids`` raise
+        :class:`ConversionError`, as does any part :func:`_check` refuses."""
         from safetensors.torch import load_file
 
         path = self.states_dir / f"hs_{i}.safetensors"
@@ -342,12 +357,17 @@ class LegacyDest:
         self.directory = out
 
     def name(self, i: int) -> str:
+        """Sample ``i``'s file name: ``data_{i}.pt``."""
         return f"data_{i}.pt"
 
     def existing(self) -> list[int]:
+        """The numbers of the ``data_{i}.pt`` files in ``out``, sorted."""
         return _numbered(self.directory, LEGACY_FILE)
 
     def write(self, path: Path, sample: Sample) -> None:
+        """Save ``sample`` to ``path`` atomically as speculators 0.3/0.4 stores it: int64 ids and
+        mask, and a list of the layers' states, each a copy with its own storage (a view of the
+        stacked states ``ArrowSource`` loads would save all of them)."""
         import torch
 
         files.save_torch(
@@ -360,6 +380,9 @@ class LegacyDest:
         )
 
     def finish(self, source: Any, rows: Iterator[tuple[Any, Any]]) -> None:
+        """Write the small files from every row's token ids and loss mask:
+        ``sample_lengths.json``, ``token_freq.pt``, and ``data_config.json`` (the one an
+        earlier conversion kept, else one made from ``source``)."""
         lengths: dict[str, int] = {}
         counts: Counter[int] = Counter()
         for i, (ids, mask) in enumerate(rows):
@@ -399,12 +422,18 @@ class ArrowDest:
         self.directory = out / HIDDEN_STATES
 
     def name(self, i: int) -> str:
+        """Sample ``i``'s file name: ``hs_{i}.safetensors``."""
         return f"hs_{i}.safetensors"
 
     def existing(self) -> list[int]:
+        """The numbers of the ``hs_{i}.safetensors`` files in ``out/hidden_states``, sorted
+        (none without that folder)."""
         return _numbered(self.directory, ARROW_FILE) if self.directory.is_dir() else []
 
     def write(self, path: Path, sample: Sample) -> None:
+        """Save ``sample`` to ``path`` atomically as speculators >= 0.5 reads it: the states
+        stacked into ``hidden_states`` (``[seq, layers, hidden]``, in the order of the layer
+        ids) and the token ids as int64 ``token_ids``; the loss mask goes to the Arrow dataset."""
         import torch
         from safetensors.torch import save
 
@@ -415,6 +444,10 @@ class ArrowDest:
         files.write_atomic(path, lambda f: f.write(save(tensors)))
 
     def finish(self, source: Any, rows: Iterator[tuple[Any, Any]]) -> None:
+        """Write the Arrow dataset (``input_ids``, ``loss_mask`` and ``seq_len`` a row) from
+        every row's token ids and loss mask, counting the loss-masked ids as the rows stream
+        into it, then ``token_freq.pt`` of those counts. ``source`` is not used:
+        :func:`convert` keeps the source's ``data_config.json`` in :data:`MANIFEST` instead."""
         counts: Counter[int] = Counter()
 
         def arrow_rows() -> Iterator[dict[str, Any]]:

@@ -18,6 +18,9 @@ from typing import Any
 
 
 class BadRow(ValueError):
+    """A row of the input that cannot be a sample: its file, its 1-based line and what is wrong
+    with it, as one message."""
+
     def __init__(self, source: Path, line: int, problem: str) -> None:
         super().__init__(f"{source}, line {line}: {problem}")
         self.line = line

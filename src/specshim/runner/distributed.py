@@ -23,11 +23,15 @@ from typing import Any
 
 @dataclass(frozen=True)
 class World:
+    """torchrun's process group as this process sees it: how many processes, this one's rank
+    in all and on its machine (1, 0, 0 for a single process)."""
+
     size: int
     rank: int
     local_rank: int
 
     def stop(self) -> None:
+        """Leave the process group, if one was joined."""
         if self.size > 1:
             import torch.distributed as dist
 

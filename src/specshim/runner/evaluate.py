@@ -43,6 +43,8 @@ class Acceptance:
 
     @classmethod
     def from_metrics(cls, metrics: list) -> Acceptance:
+        """The counts read from vLLM's speculative-decoding metrics (``LLM.get_metrics()``);
+        a metric vLLM did not report counts 0."""
         from vllm.v1.metrics.reader import Counter, Vector
 
         counters = {m.name: int(m.value) for m in metrics if isinstance(m, Counter)}
@@ -57,6 +59,9 @@ class Acceptance:
 
 @dataclass(frozen=True)
 class Evaluation:
+    """What ``specshim eval`` measured for one draft: its acceptance, whether greedy output
+    stayed the verifier's own, and the speed with and without it."""
+
     draft: str
     acceptance: Acceptance
     identical: bool
@@ -66,6 +71,7 @@ class Evaluation:
     baseline_tokens_per_second: float
 
     def table(self) -> str:
+        """The evaluation as the lines ``specshim eval`` prints."""
         rates = self.acceptance.rate_per_position
         lines = [
             f"draft {self.draft}",
@@ -86,6 +92,7 @@ class Evaluation:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
+        """The evaluation as ``eval.json`` holds it, the derived rates included."""
         data = asdict(self)
         data["acceptance"]["rate_per_position"] = self.acceptance.rate_per_position
         data["acceptance"]["mean_length"] = self.acceptance.mean_length
@@ -181,6 +188,7 @@ def evaluate(
 
 
 def main() -> None:
+    """The child process of :func:`evaluate`: one vLLM run, with or without the draft."""
     parser = argparse.ArgumentParser(description="one vLLM run for specshim eval (internal)")
     parser.add_argument("verifier")
     parser.add_argument("prompts")

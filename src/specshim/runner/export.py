@@ -46,6 +46,8 @@ def serving_layer_ids(generator_ids: list[int], shift: int = 1) -> list[int]:
 
 
 def latest_checkpoint(draft: Path) -> Path:
+    """The newest complete epoch checkpoint under ``draft/checkpoints``;
+    ``FileNotFoundError`` naming the folder when there is none."""
     complete = [d for d in train.epochs(draft / "checkpoints") if train.is_complete(d)]
     if not complete:
         raise FileNotFoundError(f"no complete checkpoint under {draft / 'checkpoints'}")

@@ -53,7 +53,7 @@ LOWEST = {"--batch-size": 1, "--max-model-len": 2, "--tensor-parallel-size": 1, 
 
 
 class ExtractionError(RuntimeError):
-    pass
+    """Bad input or options for ``specshim extract``: its message is the one line to show."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -62,6 +62,9 @@ class Interrupted(KeyboardInterrupt):
 
 @dataclass
 class Summary:
+    """What one ``specshim extract`` run did, for its closing lines and
+    ``specshim_extract.json``."""
+
     samples: int
     extracted: int
     resumed: int
@@ -76,6 +79,7 @@ class Summary:
     backend: str = "generator"  # who made the states, and for --backend auto, why
 
     def text(self) -> str:
+        """The summary as the lines ``specshim extract`` prints at the end."""
         lines = [
             f"samples: {self.samples} ({self.extracted} extracted, {self.resumed} already done)",
             f"truncated to max_model_len - 1: {self.truncated}",
@@ -255,6 +259,7 @@ def fingerprint(sample: dataset.Sample, limit: int, settings: dict[str, Any]) ->
 
 
 def sample_file(sample: dataset.Sample) -> str:
+    """The name of ``sample``'s file in the output folder, as speculators 0.3/0.4 name it."""
     return f"data_{sample.index}.pt"
 
 

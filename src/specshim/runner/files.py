@@ -50,6 +50,7 @@ def save_torch(path: Path, obj: Any) -> None:
 
 
 def save_json(path: Path, obj: Any) -> None:
+    """``obj`` as indented, key-sorted JSON, written atomically."""
     write_atomic(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True).encode()))
 
 
@@ -195,6 +196,7 @@ class BackgroundWriter:
             raise KeyboardInterrupt
 
     def close(self) -> None:
+        """Wait for every submitted write, then raise the first failure, if any."""
         self._finish()
         self._raise()
 

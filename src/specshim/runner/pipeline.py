@@ -22,6 +22,9 @@ DRAFT_VOCAB = 256
 
 @dataclass(frozen=True)
 class Settings:
+    """What ``specshim run`` is asked for: its work directory (kept between runs), the
+    verifier's training time and the number of samples and training epochs."""
+
     workdir: Path
     max_model_len: int = 256
     verifier_seconds: float = 180.0
@@ -30,10 +33,14 @@ class Settings:
 
 
 def say(message: str) -> None:
+    """One progress line on stderr, as ``specshim run``."""
     console.status("specshim run", message)
 
 
 def run(settings: Settings) -> int:
+    """The whole pipeline in ``settings.workdir``: a verifier trained there before is kept and
+    the extraction resumes, the draft is trained anew. Exit status 0 when greedy output with
+    the draft is the verifier's own, 1 otherwise."""
     from specshim.runner import evaluate, export, extract, train, vocab
     from specshim.testbed import learnable
 

@@ -38,6 +38,8 @@ class Progress:
         # start leaves its error, not an empty bar, as the last line
 
     def update(self, samples: int, tokens: int) -> None:
+        """Count ``samples`` and ``tokens`` more as done now; the bar is drawn from the first
+        update on."""
         self.done += samples
         self.tokens += tokens
         self.updated = time.perf_counter()
@@ -59,8 +61,10 @@ class Progress:
 
     @property
     def tokens_per_second(self) -> float:
+        """Tokens counted over :attr:`elapsed` (0 before the first update)."""
         return self.tokens / self.elapsed if self.elapsed else 0.0
 
     def finish(self) -> None:
+        """Close the bar, leaving its last state on the terminal."""
         if self._bar is not None:
             self._bar.close()

@@ -70,6 +70,7 @@ class TrainResult:
 
     @property
     def steps(self) -> int:
+        """How many steps the log holds, of every run (one loss each)."""
         return len(self.losses)
 
     @property
@@ -117,6 +118,9 @@ class TrainResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The log as ``train_log.json`` holds it: the fields :meth:`load` reads, with the
+        checkpoints' folder, the step count, steps per second over all runs and the median step
+        time."""
         return {
             "losses": self.losses,
             "step_epochs": self.step_epochs,
@@ -130,6 +134,9 @@ class TrainResult:
         }
 
     def text(self) -> str:
+        """What ``specshim train`` prints: that the run was already trained, that no step ran,
+        or the steps and their speed, the first loss beside the mean of the last five, and the
+        checkpoints' folder."""
         if self.already_trained:
             plural = "s" if self.already_trained != 1 else ""
             return (
@@ -170,6 +177,8 @@ class MetricCollector(logging.Handler):
         self.times: list[float] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Keep the loss, epoch (-1 when it names none) and time of a per-step record with a
+        loss; ignore any other record."""
         message = _train_metrics(record)
         if message is not None and message["train"].get("loss") is not None:
             self.losses.append(float(message["train"]["loss"]))
@@ -188,6 +197,8 @@ class TokenCounter:
         self.count = 0
 
     def wrap(self, collate: Callable[[list[Any]], dict[str, Any]]) -> Callable[..., Any]:
+        """``collate``, adding the sum of each batch's ``lengths`` to ``count`` as it returns."""
+
         def counting(batch: list[Any]) -> dict[str, Any]:
             collated = collate(batch)
             self.count += int(collated["lengths"].sum())
@@ -213,6 +224,8 @@ class ProgressBar(logging.Handler):
         self.first_tokens, self.first_time = 0, 0.0
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Advance the bar one step for a per-step record, starting a new bar when its epoch
+        changes; show its loss, and tokens/s from the epoch's second step on."""
         message = _train_metrics(record)
         if message is None:
             return
@@ -240,11 +253,13 @@ class ProgressBar(logging.Handler):
         )
 
     def close_bar(self) -> None:
+        """Close the current epoch's bar, if one is open."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
 
     def close(self) -> None:
+        """Close the open bar, then the handler."""
         self.close_bar()
         super().close()
 
@@ -419,6 +434,7 @@ def trained_epochs(checkpoints: Path) -> int:
 
 
 def note(text: str) -> None:
+    """Print ``[specshim train] text`` on stderr."""
     console.status("specshim train", text)
 
 
@@ -449,6 +465,11 @@ def draft_layer_config(verifier: str, num_layers: int) -> Any:
 
 
 def build_model(verifier: str, d2t: Any, t2d: Any, num_layers: int, ttt_steps: int) -> Any:
+    """A new EAGLE-3 draft of ``num_layers`` layers (:func:`draft_layer_config`) with a draft
+    vocabulary the size of ``d2t``: built with ``Eagle3DraftModel.from_training_args`` where
+    speculators has it (0.4+), given ``ttt_steps``; else from a typed ``Eagle3SpeculatorConfig``
+    whose greedy proposal has ``ttt_steps`` speculative tokens (0.3.0, see the module's
+    docstring)."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
     layer = draft_layer_config(verifier, num_layers)

@@ -388,7 +388,9 @@ class WorkerFilesClient:
             raise RuntimeError("worker writer: no vLLM worker of rank 0 took the hand-off")
 
     def expect(self, batch: list[Expected]) -> None:
+        """Announce ``batch`` to the worker, before the ``generate`` that extracts it."""
         self.generator.executor.collective_rpc(_expect, args=(batch,))
 
     def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
+        """:meth:`WorkerFiles.finished` of the worker that writes."""
         return _rank0(self.generator.executor.collective_rpc(_finished, args=(wait,))) or []
