@@ -99,6 +99,26 @@ def test_adapter_waits_for_its_module_and_applies_on_import(monkeypatch, tmp_pat
         sys.modules.pop(name, None)
 
 
+def test_a_failure_inside_an_import_hook_warns_and_leaves_the_original(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """Lenient mode: an adapter that fails when its module is imported does not break the
+    import; it warns with its own category (not an unknown shape's) and stays failed."""
+    name = "specshim_fake_failing_later"
+    (tmp_path / f"{name}.py").write_text("def broken():\n    return 'original'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    use(monkeypatch, fake_adapter("broken", waits=name, fail=True))
+    try:
+        assert specshim.apply(strict=False)["broken"].state is specshim.State.WAITING
+        with pytest.warns(engine.HookWarning, match="adapter 'broken' failed to apply"):
+            import specshim_fake_failing_later  # noqa: F401  (the import fires the hook)
+        assert sys.modules[name].broken() == "original"
+        assert specshim.status()["broken"].state is specshim.State.FAILED
+    finally:
+        specshim.revert()
+        sys.modules.pop(name, None)
+
+
 def test_concurrent_apply_patches_once(monkeypatch, fake_module) -> None:
     use(monkeypatch, fake_adapter("a"))
     reports: list[specshim.Report] = []

@@ -68,6 +68,13 @@ class ShapeWarning(UserWarning):
     """An adapter met an upstream shape it does not know (an error with SPECSHIM_STRICT=1)."""
 
 
+class HookWarning(UserWarning):
+    """A needed adapter could not be applied when the module it waited for was imported: the
+    import went on without it and the rest of its group (``status()`` names them), since
+    raising would break every import of vLLM or speculators. With SPECSHIM_STRICT=1 the
+    importer gets the :class:`AdapterError` instead."""
+
+
 @dataclass(frozen=True)
 class AdapterStatus:
     """One adapter's state and reason, with its why, upstream, removal condition and targets."""
@@ -355,7 +362,7 @@ class Engine:
                 if self.strict:
                     self._rearm(loaded, ready)
                     raise
-                warnings.warn(str(exc), ShapeWarning, stacklevel=2)
+                warnings.warn(str(exc), HookWarning, stacklevel=2)
 
     def _wait_for(self, adapter: Adapter) -> None:
         import wrapt
