@@ -19,7 +19,9 @@ writes the states must stay under):
   comparison, set in the worker before the run: ``extract_worker@crc=off`` (``torch.save``
   computes no zip checksums; ``torch.load`` never reads them), ``extract_worker@pending_mib=N``
   (the cap on states waiting in host memory, :data:`worker_writer.PENDING_BYTES`), combinable
-  (``extract_worker@crc=off@pending_mib=512``);
+  (``extract_worker@crc=off@pending_mib=512``); any ``extract_*`` path also takes
+  ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``, ``extract``'s engine steps
+  (``extract.EngineSteps``; vLLM's ``LLM`` on an H200 takes 16,384 tokens a step);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
   speculators 0.3/0.4's files;
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
@@ -202,6 +204,10 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
 
     handoff, *variant = mode.removeprefix("extract_").split("@")
     settings = dict(v.split("=", 1) for v in variant)
+    steps = extract.EngineSteps(
+        *(int(settings.pop(k)) if k in settings else None
+          for k in ("max_num_seqs", "max_num_batched_tokens"))
+    )  # fmt: skip
     backend = "native" if handoff == "native" else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
     started = extract._generator
@@ -236,12 +242,14 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         progress=False,
         handoff="auto" if backend == "native" else handoff,
         backend=backend,
+        steps=steps,
     )
     return {
         "seconds": summary.seconds,
         "tokens_per_second": summary.tokens_per_second,
         "inside": dict(timers.seconds),
         "handoff": worker[0] if worker else None,
+        "steps": summary.steps,
     }
 
 
@@ -331,6 +339,7 @@ def main() -> None:
         spent = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(inside[mode].items()))
         print(f"{mode:<{width}}{rates[mode]:>14,.0f} tokens/s in {found['seconds']:.2f} s"
               + (f" ({spent})" if spent else "")
+              + (f" steps: at most {found['steps']}" if found.get("steps") else "")
               + (f" worker: {found['handoff']}" if found.get("handoff") else ""),
               file=sys.stderr, flush=True)  # fmt: skip
     written = [m for m in rates if m.startswith("extract_")]

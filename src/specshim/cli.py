@@ -109,6 +109,7 @@ def _extract(args: argparse.Namespace) -> int:
             verify=args.verify,
             handoff=args.handoff,
             backend=args.backend,
+            steps=extract.EngineSteps(args.max_num_seqs, args.max_num_batched_tokens),
         )
     print(summary.text())
     return 0
@@ -160,6 +161,22 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "extract_hidden_states path (vLLM >= 0.18), the same files (docs/migration.md); "
         "auto: the generator where the matrix shows it extracting with this vLLM, "
         "speculators and accelerator, else the native path where vLLM has it",
+    )
+    command.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompts one engine step may take (default: the backend's own; speculators' "
+        "generator: 32); the summary says what vLLM used",
+    )
+    command.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens one engine step may take, at least --max-model-len (default: the "
+        "backend's own; speculators' generator: max(8192, --max-model-len))",
     )
     command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     command.set_defaults(handler=_extract)

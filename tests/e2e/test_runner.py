@@ -176,6 +176,8 @@ def test_files_written_in_the_worker_equal_the_generators(
                            speculators=speculators)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"states handed over by {how})" in done.stdout
+        # speculators' own step limits: its MAX_NUM_SEQS, and max(8192, --max-model-len)
+        assert "engine steps: at most 32 prompts, 8,192 tokens" in done.stdout
     assert assert_equal_files(outs["rpc"], outs["worker"]) == len(masked)
     for i, row in enumerate(masked):
         by_worker = torch.load(outs["worker"] / f"data_{i}.pt", weights_only=True)
@@ -187,6 +189,25 @@ def test_files_written_in_the_worker_equal_the_generators(
                         "--verify", "3", speculators=speculators)  # fmt: skip
     assert "samples: 40 (0 extracted, 40 already done)" in again.stdout, again.stdout
     assert "verified: 3 samples re-extracted one at a time match" in again.stdout
+
+
+@pytest.mark.parametrize(
+    ("speculators", "backend"),
+    [*((s, "generator") for s in SPECULATORS), ("0.4.0.1", "native")],
+)
+def test_engine_steps_are_the_ones_asked_for(four_layers, tmp_path, speculators, backend) -> None:
+    """--max-num-seqs and --max-num-batched-tokens reach vLLM's scheduler through either
+    backend (speculators' generator reads them from two module constants), the summary says
+    what vLLM used, and every row is extracted in order: 10 rows in batches of 4, at most 3
+    prompts and 300 tokens a step."""
+    rows_ = rows(four_layers, 10)
+    dataset = write_rows(tmp_path / "data.jsonl", rows_)
+    out = tmp_path / "out"
+    done = extract_cmd(four_layers, dataset, out, "--backend", backend, "--max-num-seqs", "3",
+                       "--max-num-batched-tokens", "300", speculators=speculators)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "engine steps: at most 3 prompts, 300 tokens" in done.stdout, done.stdout
+    assert_files_match(out, rows_)
 
 
 def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> None:

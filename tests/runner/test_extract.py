@@ -44,6 +44,9 @@ SETTINGS = {"model": "/m", "data": "/d.jsonl", "layers": [0, 1, 2, 3], "max_mode
         ("--max-model-len", "1", "--max-model-len must be at least 2, got 1"),
         ("--tensor-parallel-size", "0", "--tensor-parallel-size must be at least 1, got 0"),
         ("--verify", "-2", "--verify must be at least 0, got -2"),
+        ("--max-num-seqs", "0", "--max-num-seqs must be at least 1, got 0"),
+        # the default --max-model-len is 2048: a prompt that long is one step's tokens
+        ("--max-num-batched-tokens", "1024", "--max-num-batched-tokens must be at least 2048"),
         ("--layers", "0,9", "--layers: 9 is out of range: the model has 4 decoder layers"),
         ("--layers", "1,1,3", "--layers: 1 is given twice (expected distinct ids)"),
         ("--max-model-len", "100000", "--max-model-len 100000 is more than the model's 2048"),

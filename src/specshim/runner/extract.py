@@ -30,7 +30,7 @@ import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,13 @@ VERIFY_TOLERANCE = 0.05
 #: How the native backend's states reach this process (the summary names it).
 NATIVE_HANDOFF = "the files of vLLM's hidden-states connector"
 #: The lowest value each numeric option takes.
-LOWEST = {"--batch-size": 1, "--max-model-len": 2, "--tensor-parallel-size": 1, "--verify": 0}
+LOWEST = {
+    "--batch-size": 1,
+    "--max-model-len": 2,
+    "--tensor-parallel-size": 1,
+    "--verify": 0,
+    "--max-num-seqs": 1,
+}
 
 
 class ExtractionError(RuntimeError):
@@ -77,6 +83,7 @@ class Summary:
     verified: str = ""
     handoff: str = "rpc"  # how the states left vLLM's worker (specshim.runner.handoff)
     backend: str = "generator"  # who made the states, and for --backend auto, why
+    steps: str = ""  # how much one engine step took at most: "32 prompts, 8,192 tokens"
 
     def text(self) -> str:
         """The summary as the lines ``specshim extract`` prints at the end."""
@@ -89,6 +96,8 @@ class Summary:
             f"handed over by {self.handoff})",
             f"backend: {self.backend}",
         ]
+        if self.steps:
+            lines.append(f"engine steps: at most {self.steps}")
         if self.redone:
             lines.append(
                 f"extracted again, their row changed or their file was damaged or unrecorded: "
@@ -112,18 +121,74 @@ class Plan:
 
 
 def check_numbers(
-    batch_size: int, max_model_len: int, tensor_parallel_size: int, verify: int
+    batch_size: int,
+    max_model_len: int,
+    tensor_parallel_size: int,
+    verify: int,
+    steps: EngineSteps | None = None,
 ) -> None:
     """Refuse a numeric option below its lowest value with one line, before anything starts."""
+    steps = steps or EngineSteps()
     given = {
         "--batch-size": batch_size,
         "--max-model-len": max_model_len,
         "--tensor-parallel-size": tensor_parallel_size,
         "--verify": verify,
+        "--max-num-seqs": steps.max_num_seqs,
+        # a prompt of max_model_len tokens is prefilled in one step (no chunked prefill)
+        "--max-num-batched-tokens": steps.max_num_batched_tokens,
     }
+    lowest = {**LOWEST, "--max-num-batched-tokens": max_model_len}
     for name, value in given.items():
-        if value < LOWEST[name]:
-            raise ExtractionError(f"{name} must be at least {LOWEST[name]}, got {value}")
+        if value is not None and value < lowest[name]:
+            raise ExtractionError(f"{name} must be at least {lowest[name]}, got {value}")
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """How much one engine step may take: prompts (``max_num_seqs``) and tokens
+    (``max_num_batched_tokens``). None keeps the backend's own: speculators' generator takes
+    32 prompts and max(8192, max_model_len) tokens (two constants of its module), vLLM's
+    ``LLM`` its defaults for the device (16,384 tokens on an H100/H200). Fewer, larger steps
+    cost less per token where each step has a fixed cost (docs/benchmarks.md section 6, run
+    7); more memory goes to activations, which vLLM's start-up profiling accounts for."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def options(self) -> dict[str, int]:
+        """The ones given, as ``LLM(...)``'s keyword arguments."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @contextlib.contextmanager
+    def for_speculators(self) -> Iterator[None]:
+        """Inside, speculators 0.3/0.4's generator builds its scheduler with these values: its
+        module's ``MAX_NUM_SEQS`` and ``MIN_MAX_BATCHED_TOKENS``, read when it is made."""
+        import unittest.mock
+
+        from speculators.data_generation import vllm_hidden_states_generator as module
+
+        constants = {
+            "MAX_NUM_SEQS": self.max_num_seqs,
+            "MIN_MAX_BATCHED_TOKENS": self.max_num_batched_tokens,
+        }
+        given: dict[str, Any] = {k: v for k, v in constants.items() if v is not None}
+        if not given:
+            yield
+            return
+        if missing := [name for name in given if not hasattr(module, name)]:
+            raise ExtractionError(
+                f"engine steps: expected {missing[0]} in {module.__name__} (speculators 0.3/0.4), "
+                "found none; leave --max-num-seqs and --max-num-batched-tokens out"
+            )
+        with unittest.mock.patch.multiple(module, **given):
+            yield
+
+
+def _steps_taken(generator: Any) -> str:
+    """The step limits vLLM was started with, as the summary says them."""
+    scheduler = generator.vllm_config.scheduler_config
+    return f"{scheduler.max_num_seqs} prompts, {scheduler.max_num_batched_tokens:,} tokens"
 
 
 def model_config(model: str) -> Any:
@@ -360,12 +425,14 @@ def extract(
     handoff: str = "auto",
     verify: int = 0,
     backend: str = "auto",
+    steps: EngineSteps | None = None,
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has."""
-    check_numbers(batch_size, max_model_len, tensor_parallel_size, verify)
+    steps = steps or EngineSteps()
+    check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, steps)
     if backend not in native.BACKENDS:
         raise ExtractionError(
             f"--backend must be one of {', '.join(native.BACKENDS)}, got {backend!r}"
@@ -405,10 +472,12 @@ def extract(
         path.unlink()
     extracted: Progress | None = None  # the run's bar: its rate and time go to the summary
     verified = ""
+    taken = ""
     if work.todo or verify or not _config_current(out, len(samples)):
         with _generator(
-            model, layers, max_model_len, tensor_parallel_size, handoff, backend, out
+            model, layers, max_model_len, tensor_parallel_size, handoff, backend, out, steps
         ) as generator:
+            taken = _steps_taken(generator)
             files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
             files.Ledger(out / LEDGER).keep(work.kept)
             extracted = _run(
@@ -435,6 +504,7 @@ def extract(
         verified=verified,
         handoff=handoff,
         backend=f"{backend} ({why})",
+        steps=taken,
     )
 
 
@@ -659,6 +729,7 @@ def _generator(
     handoff: str = "rpc",
     backend: str = "generator",
     out: Path | None = None,
+    steps: EngineSteps | None = None,
 ) -> Iterator[Any]:
     """speculators' generator (or, with ``backend="native"``, vLLM's own path behind its
     interface), with vLLM shut down on the way out.
@@ -675,19 +746,24 @@ def _generator(
     threads beside vLLM's worker and the four writer threads), so it stays.
     """
 
+    steps = steps or EngineSteps()
+
     def start() -> Any:
         if backend == "native":
-            return native.NativeGenerator(model, layers, max_model_len, tensor_parallel_size, work)
+            return native.NativeGenerator(
+                model, layers, max_model_len, tensor_parallel_size, work, steps.options()
+            )
         from speculators.data_generation.vllm_hidden_states_generator import (
             VllmHiddenStatesGenerator,
         )
 
-        return VllmHiddenStatesGenerator(
-            model,
-            layer_ids=layers,
-            max_model_len=max_model_len,
-            tensor_parallel_size=tensor_parallel_size,
-        )
+        with steps.for_speculators():
+            return VllmHiddenStatesGenerator(
+                model,
+                layer_ids=layers,
+                max_model_len=max_model_len,
+                tensor_parallel_size=tensor_parallel_size,
+            )
 
     work = (out or Path(".")) / ".specshim-native"
     try:

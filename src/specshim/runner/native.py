@@ -161,6 +161,7 @@ class NativeGenerator:
         max_model_len: int,
         tensor_parallel_size: int,
         work: Path,
+        steps: dict[str, int] | None = None,
     ) -> None:
         from vllm import LLM
 
@@ -169,9 +170,8 @@ class NativeGenerator:
         self.tensor_parallel_size = tensor_parallel_size
         self.max_model_len = max_model_len
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # module docstring: why
-        self.llm = LLM(
-            **engine_options(model, layer_ids, max_model_len, tensor_parallel_size, work)
-        )
+        options = engine_options(model, layer_ids, max_model_len, tensor_parallel_size, work)
+        self.llm = LLM(**options | (steps or {}))  # max_num_seqs, max_num_batched_tokens
         self.vllm_config = self.llm.llm_engine.vllm_config
         self.llm.collective_rpc("specshim_cpu_connector")
 
