@@ -114,6 +114,26 @@ class CpuConnectorExtension:
         return True
 
 
+#: What vLLM 0.22's config says where the example connector meets chunked prefill.
+CHUNKED_PREFILL_REFUSAL = "ExampleHiddenStatesConnector does not support chunked prefill"
+
+
+def _connector_refuses_chunked_prefill() -> bool:
+    """Whether the installed vLLM refuses its own hidden-states connector beside chunked
+    prefill (vLLM 0.22's ``VllmConfig`` raises; 0.28 and 0.32 have no such check), read from
+    ``vllm/config/vllm.py``: then the native path turns chunked prefill off, which it does not
+    need (each prompt is prefilled whole, as speculators' generator does)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm.config.vllm")
+    except ImportError:  # a parent package is missing
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    return CHUNKED_PREFILL_REFUSAL in Path(spec.origin).read_text()
+
+
 def engine_options(
     model: str, layer_ids: list[int], max_model_len: int, tensor_parallel_size: int, work: Path
 ) -> dict[str, Any]:
@@ -127,6 +147,7 @@ def engine_options(
         "enable_prefix_caching": False,
         "enforce_eager": True,
         "gpu_memory_utilization": 0.8,
+        **({"enable_chunked_prefill": False} if _connector_refuses_chunked_prefill() else {}),
         "worker_extension_cls": f"{__name__}.CpuConnectorExtension",
         "speculative_config": {
             "method": "extract_hidden_states",
