@@ -155,8 +155,8 @@ def assert_equal_files(one: Path, other: Path) -> int:
     return len(names)
 
 
-SUMMARY = ("samples:", "truncated", "skipped", "throughput", "backend", "extracted again",
-           "removed", "verified", "  ")  # fmt: skip
+SUMMARY = ("samples:", "truncated", "skipped", "throughput", "backend", "engine steps",
+           "extracted again", "removed", "verified", "  ")  # fmt: skip
 
 
 @pytest.mark.parametrize("speculators", SPECULATORS)
