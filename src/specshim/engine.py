@@ -200,10 +200,7 @@ class Engine:
 
     def get(self, name: str) -> Adapter:
         """The adapter called ``name``; ``KeyError`` naming the known ones otherwise."""
-        for adapter in self.adapters:
-            if adapter.name == name:
-                return adapter
-        raise KeyError(f"no adapter named {name!r}; known adapters: {self.names()}")
+        return registry.get(name, among=self.adapters)
 
     def _check_names(self, names: Iterable[str], what: str) -> None:
         known = self.names()

@@ -23,9 +23,10 @@ def names() -> list[str]:
     return [a.name for a in ADAPTERS]
 
 
-def get(name: str) -> Adapter:
-    """The adapter called ``name``; ``KeyError`` naming the known ones otherwise."""
-    for adapter in ADAPTERS:
+def get(name: str, among: tuple[Adapter, ...] = ADAPTERS) -> Adapter:
+    """The adapter called ``name`` (in the registry, or ``among`` others); ``KeyError``
+    naming the known ones otherwise."""
+    for adapter in among:
         if adapter.name == name:
             return adapter
-    raise KeyError(f"no adapter named {name!r}; known adapters: {names()}")
+    raise KeyError(f"no adapter named {name!r}; known adapters: {[a.name for a in among]}")
