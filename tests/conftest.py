@@ -11,6 +11,8 @@ not a skip, so CI cannot go green by skipping the real thing.
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,30 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("models")
     return {arch: tiny_model.build(root / arch, arch) for arch in tiny_model.ARCHITECTURES}
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
+    """``small_disk(kib)``: a real filesystem of ``kib`` KiB (a tmpfs mounted under
+    ``tmp_path``), for what a full disk does; called again, the same one resized (room made
+    after a failure). Skips where mounting is not permitted (it needs root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    mounted = False
+
+    def sized(kib: int) -> Path:
+        nonlocal mounted
+        options = f"remount,size={kib}k" if mounted else f"size={kib}k"
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"a small filesystem needs mount -t tmpfs: {done.stderr.strip()}")
+        mounted = True
+        return mount
+
+    yield sized
+    if mounted:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)  # once nothing holds it

@@ -314,3 +314,42 @@ def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_command(
     corrected = extract_cmd(four_layers, dataset, out)
     assert corrected.returncode == 0, corrected.stderr[-3000:]
     assert "samples: 3 (3 extracted, 0 already done)" in corrected.stdout
+
+
+def test_a_full_disk_is_one_line_before_or_during_the_run_and_resumes(
+    tiny_models, tmp_path, small_disk
+) -> None:
+    """A real small filesystem (tmpfs). The 48 samples' states need at least 1,384 KiB and
+    take about 1,600 KiB as files: 800 KiB is refused before vLLM starts, 1,480 KiB passes that
+    floor and fills up half-way, and once there is room the same command resumes."""
+    model, dataset = tiny_models["llama"], data.write(tmp_path / "data.jsonl", count=48)
+    out = small_disk(800) / "out"
+    cmd, env = specshim_command(*extract_args(model, dataset, out))
+
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"specshim extract: {out}: the 48 samples to extract need at least")
+    assert "Loading safetensors" not in refused.stderr  # vLLM never loaded the model
+    assert not list(out.iterdir())
+
+    small_disk(1480)
+    filled = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert filled.returncode == 1 and "Traceback" not in filled.stderr, filled.stderr[-3000:]
+    last = filled.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"specshim extract: writing extracted samples failed: no space left in {out} ("
+    ), last
+    assert last.endswith("then run the same command again (the files written are kept)"), last
+    assert not list(out.glob(".*.tmp"))
+    written = list(out.glob("data_*.pt"))
+    assert 0 < len(written) < 48
+    for path in written:  # whole files only
+        assert len(torch.load(path, weights_only=True)["hidden_states"]) == 4
+
+    small_disk(4096)
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    kept = int(resumed.stdout.split(" extracted, ")[1].split(" already done")[0])
+    assert f"samples: 48 ({48 - kept} extracted, {kept} already done)" in resumed.stdout
+    assert kept > 0 and len(list(out.glob("data_*.pt"))) == 48

@@ -96,3 +96,34 @@ def test_background_writer_makes_records_on_its_threads_and_raises_refusals_as_t
         writer.close()
     assert made_on and made_on[0].startswith("specshim-writer")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data_0.pt"]
+
+
+def test_a_write_on_a_full_disk_says_so_and_leaves_nothing(small_disk) -> None:
+    torch = pytest.importorskip("torch")
+    disk = small_disk(256)
+    files.save_torch(disk / "data_0.pt", {"x": torch.zeros(16 << 10)})  # 64 KiB: fits
+    with pytest.raises(files.DiskFull) as raised:
+        files.save_torch(disk / "data_1.pt", {"x": torch.zeros(256 << 10)})  # 1 MiB: does not
+    assert str(raised.value).startswith(f"no space left in {disk} (")
+    assert "run the same command again" in str(raised.value)
+    assert [p.name for p in disk.iterdir()] == ["data_0.pt"]  # no partial file left
+
+    # torch.save itself does not say that the disk is full ("iostream error", "unexpected pos"):
+    with pytest.raises(RuntimeError) as unguarded:
+        torch.save({"x": torch.zeros(256 << 10)}, str(disk / "direct.pt"))
+    assert "space" not in str(unguarded.value)
+    (disk / "direct.pt").unlink()
+
+    writer = files.BackgroundWriter()  # the extraction writer's one line
+    writer.submit(disk / "data_2.pt", {"x": torch.zeros(256 << 10)})
+    with pytest.raises(files.WriteError, match=r"^writing extracted samples failed: no space"):
+        writer.close()
+
+
+def test_a_write_that_fails_with_room_left_is_not_called_a_full_disk(tmp_path: Path) -> None:
+    def refuse(f) -> None:
+        raise OSError("the device went away")
+
+    with pytest.raises(OSError, match="the device went away") as raised:
+        files.write_atomic(tmp_path / "x", refuse)
+    assert not isinstance(raised.value, files.DiskFull)

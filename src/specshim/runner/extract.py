@@ -48,6 +48,11 @@ SAMPLE_FILE = re.compile(r"data_(\d+)\.pt")
 VERIFY_TOLERANCE = 0.05
 #: How the native backend's states reach this process (the summary names it).
 NATIVE_HANDOFF = "the files of vLLM's hidden-states connector"
+#: Bytes of one hidden state as vLLM hands it over: 16-bit (it runs a float32 checkpoint in
+#: 16 bits too), the least a sample file can hold per state.
+STATE_BYTES = 2
+#: Bytes per token a sample file holds beside its states: ``input_ids`` and ``loss_mask``.
+TOKEN_BYTES = 16
 #: The lowest value each numeric option takes.
 LOWEST = {
     "--batch-size": 1,
@@ -347,6 +352,21 @@ def plan(out: Path, samples: list[dataset.Sample], prints: list[str]) -> Plan:
     return Plan(todo, kept, redone, stale)
 
 
+def check_room(out: Path, todo: list[dataset.Sample], limit: int, layers: int, hidden: int) -> None:
+    """Refuse, before vLLM starts, a run whose files cannot fit on ``out``'s disk: days into
+    an extraction is the wrong time to learn it. The estimate is a floor (the states at
+    :data:`STATE_BYTES` each, token ids and loss mask, no file overhead)."""
+    tokens = sum(min(len(s.input_ids), limit) for s in todo)
+    need = tokens * (layers * hidden * STATE_BYTES + TOKEN_BYTES)
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise ExtractionError(
+            f"{out}: the {len(todo):,} samples to extract need at least {files.size(need)} "
+            f"({tokens:,} tokens x {layers} layers x {hidden:,} states x {STATE_BYTES} bytes), "
+            f"and {files.size(free)} are free there: free some space or choose another --out"
+        )
+
+
 def _checked_ids(
     result: dict[str, Any], sample: dataset.Sample, limit: int, layers: list[int]
 ) -> list[Any]:
@@ -468,6 +488,7 @@ def extract(
     work = plan(out, samples, prints)
     for path in work.stale:
         path.unlink()
+    check_room(out, work.todo, limit, len(layers), _text_config(config).hidden_size)
     extracted: Progress | None = None  # the run's bar: its rate and time go to the summary
     verified = ""
     taken = ""
