@@ -18,7 +18,9 @@ writes the states must stay under):
   (``specshim.runner.worker_writer``), which reports where its time went; variants for
   comparison, set in the worker before the run: ``extract_worker@crc=off`` (``torch.save``
   computes no zip checksums; ``torch.load`` never reads them), ``extract_worker@pending_mib=N``
-  (the cap on states waiting in host memory, :data:`worker_writer.PENDING_BYTES`), combinable
+  (the cap on states waiting in host memory, :data:`worker_writer.PENDING_BYTES`),
+  ``extract_worker@save=off`` (the worker's files left empty: the generator's loop, the
+  fetches and the copies alone; its files are not compared), combinable
   (``extract_worker@crc=off@pending_mib=512``); any ``extract_*`` path also takes
   ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``, ``extract``'s engine steps
   (``extract.EngineSteps``; vLLM's ``LLM`` on an H200 takes 16,384 tokens a step);
@@ -42,6 +44,7 @@ import random
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -192,8 +195,12 @@ def _worker_variant(worker: Any, settings: dict[str, str]) -> None:
             torch.serialization.set_crc32_options(value != "off")
         elif key == "pending_mib":
             worker_writer.PENDING_BYTES = int(value) << 20
+        elif key == "save" and value == "off":  # the loop and copies alone: empty files
+            worker_writer.files = types.SimpleNamespace(save_torch=lambda path, _: path.touch())
         else:
-            raise ValueError(f"extract_worker@{key}: expected crc=off or pending_mib=N")
+            raise ValueError(
+                f"extract_worker@{key}={value}: expected crc=off, save=off or pending_mib=N"
+            )
 
 
 def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict[str, Any]:
@@ -342,7 +349,7 @@ def main() -> None:
               + (f" steps: at most {found['steps']}" if found.get("steps") else "")
               + (f" worker: {found['handoff']}" if found.get("handoff") else ""),
               file=sys.stderr, flush=True)  # fmt: skip
-    written = [m for m in rates if m.startswith("extract_")]
+    written = [m for m in rates if m.startswith("extract_") and "@save=off" not in m]
     for mode in written[1:]:
         compared = same_files(work / written[0], work / mode)
         print(f"{mode}'s {compared} files equal {written[0]}'s, tensor for tensor")

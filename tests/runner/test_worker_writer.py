@@ -67,10 +67,11 @@ def test_the_worker_says_where_its_time_went(tmp_path) -> None:
     assert worker_writer._finished(worker, wait=True) == [(str(tmp_path / "data_0.pt"), None)]
     found = worker_writer.state(worker)
     assert found is not None and found["written"] == 1 and found["replies"] == 1
-    assert {"fetch", "split", "room", "copied", "check", "save", "save_cpu"} <= set(
+    assert {"answer", "fetch", "split", "room", "copied", "check", "save", "save_cpu"} <= set(
         found["seconds"]
     )
     assert found["seconds"]["save"] > 0
+    assert found["seconds"]["answer"] >= found["seconds"]["fetch"] + found["seconds"]["split"]
 
 
 def test_reply_keyed_by_request_is_written_by_place_not_by_key_order(tmp_path) -> None:
