@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from specshim.runner import files
 from specshim.runner import handoff as handoffs
 
 #: where ``specshim snapshot`` records by default: a checkout's shipped snapshots (run there)
@@ -514,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().error("vocab needs --target-vocab-size or --model")
     try:
         return args.handler(args)
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+    except (FileNotFoundError, files.DiskFull, ValueError, RuntimeError) as exc:
         print(f"specshim {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C: one line (what was saved), no traceback

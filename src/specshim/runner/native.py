@@ -29,6 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from specshim.runner import files
+
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
 #: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18), or
 #: ``auto``, one of the two from the matrix and the installed vLLM
@@ -213,7 +215,13 @@ class NativeGenerator:
                     "(expected kv_transfer_params['hidden_states_path'] from its connector)"
                 )
             path = params["hidden_states_path"]
-            saved = connector.load_hidden_states(path)  # waits until the file is whole
+            try:
+                saved = connector.load_hidden_states(path)  # waits until the file is whole
+            except FileNotFoundError as exc:  # the connector's write failed; it logged why
+                raise files.disk_full(Path(path).parent, exc) or RuntimeError(
+                    f"vLLM's hidden-states connector wrote no file for request "
+                    f"{output.request_id} ({path}): its log above says why"
+                ) from None
             connector.cleanup_hidden_states(path)
             states = saved["hidden_states"]  # [tokens, layers, hidden]
             records.append(
