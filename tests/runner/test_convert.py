@@ -346,3 +346,27 @@ def test_fp8_quantized_states_are_refused_by_name(
     code, _, err = in_process(capsys, *argv)
     assert code == 1 and err.count("\n") == 1
     assert "hs_2.safetensors: FP8-quantized states" in err
+
+
+def test_an_out_without_room_is_refused_before_the_first_sample(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, small_disk
+) -> None:
+    """On a real small filesystem: one line with what the samples need (their files' size in
+    --data) and what is free; once there is room, the same command converts them all."""
+    source = write_legacy(tmp_path / "src")
+    need = sum(p.stat().st_size for p in source.glob("data_*.pt"))
+    assert need >> 10 >= 8, "a tmpfs of size 0 has no limit: the half below must not be 0"
+    out = small_disk(need // 2 >> 10) / "out"
+    code, _, err = in_process(capsys, "--data", str(source), "--out", str(out))
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(
+        f"specshim convert: --out {out}: the {SAMPLES} samples to convert need about "
+        f"{files.size(need)} (their files' size in --data), and "
+    )
+    assert err.endswith(" are free there: free some space or choose another --out\n")
+    assert not list((out / "hidden_states").iterdir())
+
+    small_disk((need * 4 >> 10) + 1024)
+    code, _, err = in_process(capsys, "--data", str(source), "--out", str(out))
+    assert code == 0, err
+    assert len(list((out / "hidden_states").glob("hs_*.safetensors"))) == SAMPLES

@@ -214,16 +214,20 @@ class LegacySource:
             recorded, layers, path, "the speculators 0.3/0.4 ids the data was extracted at"
         )
 
+    def file(self, i: int) -> Path:
+        """Sample ``i``'s file."""
+        return self.folder / f"data_{i}.pt"
+
     def fingerprint(self, i: int) -> str:
         """What sample ``i`` is converted from: ``data_{i}.pt``'s name, size and modification
         time (the file is not read) and the layer ids."""
-        return _fingerprint(_stamp(self.folder / f"data_{i}.pt"), self.generator_ids)
+        return _fingerprint(_stamp(self.file(i)), self.generator_ids)
 
     def load(self, i: int) -> Sample:
         """``data_{i}.pt``, memory-mapped: its states are read from disk only when used."""
         import torch
 
-        path = self.folder / f"data_{i}.pt"
+        path = self.file(i)
         try:
             data = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
             sample = Sample(data["input_ids"], data["loss_mask"], list(data["hidden_states"]))
@@ -278,12 +282,16 @@ class ArrowSource:
         row = self.rows[i]
         return row["input_ids"], row["loss_mask"]
 
+    def file(self, i: int) -> Path:
+        """Row ``i``'s states file."""
+        return self.states_dir / f"hs_{i}.safetensors"
+
     def fingerprint(self, i: int) -> str:
         """What row ``i`` is converted from: ``hs_{i}.safetensors``'s name, size and
         modification time (None when it is missing, which :meth:`load` refuses), the row's
         token ids and loss mask, and the layer ids."""
         ids, mask = self.row(i)
-        path = self.states_dir / f"hs_{i}.safetensors"
+        path = self.file(i)
         stamp = _stamp(path) if path.exists() else None  # a missing file fails in load()
         return _fingerprint(stamp, ids.tolist(), mask.tolist(), self.vllm)
 
@@ -294,7 +302,7 @@ class ArrowSource:
         :class:`ConversionError`, as does any part :func:`_check` refuses."""
         from safetensors.torch import load_file
 
-        path = self.states_dir / f"hs_{i}.safetensors"
+        path = self.file(i)
         if not path.exists():
             raise ConversionError(f"{path} is missing: row {i} of {self.folder} has no states")
         try:
@@ -570,7 +578,7 @@ def convert(
     dest.directory.mkdir(parents=True, exist_ok=True)
     files.save_json(out / MANIFEST, manifest)
     files.remove_partials(dest.directory)
-    written, kept, removed = _convert_samples(source, dest, out / LEDGER, progress)
+    written, kept, removed = _convert_samples(source, dest, out, progress)
 
     dest.finish(source, (source.row(i) for i in range(source.count)))
     return Summary(dest.direction, out, source.count, written, kept, removed, source.generator_ids)
@@ -579,12 +587,12 @@ def convert(
 def _convert_samples(
     source: LegacySource | ArrowSource,
     dest: LegacyDest | ArrowDest,
-    ledger_path: Path,
+    out: Path,
     progress: bool,
 ) -> tuple[int, int, int]:
     """Write every sample file ``dest`` lacks, one sample at a time; return how many were
     written, kept from an earlier run, and removed (beyond the source's count)."""
-    ledger = files.Ledger(ledger_path)
+    ledger = files.Ledger(out / LEDGER)
     entries = ledger.entries()
     kept: list[files.Entry] = []
     todo: list[tuple[int, str]] = []
@@ -599,6 +607,13 @@ def _convert_samples(
     for i in stale:
         (dest.directory / dest.name(i)).unlink()
     ledger.keep(kept)
+    need = sum(path.stat().st_size for i, _ in todo if (path := source.file(i)).exists())
+    if free := files.room_short(dest.directory, need):
+        raise ConversionError(
+            f"--out {out}: the {len(todo):,} samples to convert need about "
+            f"{files.size(need)} (their files' size in --data), and {free}: free some space or "
+            "choose another --out"
+        )
     bar = Progress(total=len(todo), label="convert", visible=progress)
     for i, print_ in todo:
         sample = source.load(i)

@@ -358,12 +358,11 @@ def check_room(out: Path, todo: list[dataset.Sample], limit: int, layers: int, h
     :data:`STATE_BYTES` each, token ids and loss mask, no file overhead)."""
     tokens = sum(min(len(s.input_ids), limit) for s in todo)
     need = tokens * (layers * hidden * STATE_BYTES + TOKEN_BYTES)
-    free = shutil.disk_usage(out).free
-    if need > free:
+    if free := files.room_short(out, need):
         raise ExtractionError(
             f"{out}: the {len(todo):,} samples to extract need at least {files.size(need)} "
             f"({tokens:,} tokens x {layers} layers x {hidden:,} states x {STATE_BYTES} bytes), "
-            f"and {files.size(free)} are free there: free some space or choose another --out"
+            f"and {free}: free some space or choose another --out"
         )
 
 

@@ -67,6 +67,13 @@ def disk_full(folder: Path, exc: BaseException) -> DiskFull | None:
     )
 
 
+def room_short(folder: Path, need: int) -> str | None:
+    """None when ``need`` bytes fit on ``folder``'s disk, else how much is free there, in words
+    (for a command's refusal before it starts writing)."""
+    free = shutil.disk_usage(folder).free
+    return None if need <= free else f"{size(free)} are free there"
+
+
 def size(nbytes: int) -> str:
     """``nbytes`` for people: ``12.0kB``, ``1.91GB`` (tqdm's units of 1,024)."""
     from tqdm import tqdm
