@@ -114,6 +114,12 @@ def test_a_write_on_a_full_disk_says_so_and_leaves_nothing(small_disk) -> None:
     assert "space" not in str(unguarded.value)
     (disk / "direct.pt").unlink()
 
+    def interrupted(f) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # a Ctrl-C on a full disk stays a Ctrl-C
+        files.write_atomic(disk / "data_3.pt", interrupted)
+
     writer = files.BackgroundWriter()  # the extraction writer's one line
     writer.submit(disk / "data_2.pt", {"x": torch.zeros(256 << 10)})
     with pytest.raises(files.WriteError, match=r"^writing extracted samples failed: no space"):

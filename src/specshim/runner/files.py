@@ -38,7 +38,8 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
-        full = disk_full(path.parent, exc)  # before the partial file is gone and frees room
+        # decided before the partial file is gone and frees room; a Ctrl-C stays what it is
+        full = disk_full(path.parent, exc) if isinstance(exc, Exception) else None
         Path(tmp).unlink(missing_ok=True)
         if full:
             raise full from exc
@@ -58,7 +59,10 @@ class DiskFull(OSError):
 def disk_full(folder: Path, exc: BaseException) -> DiskFull | None:
     """``exc``, raised while writing into ``folder``, as :class:`DiskFull` when the disk there
     is full (ENOSPC, or less than :data:`FULL_BELOW` free), else None."""
-    free = shutil.disk_usage(folder).free
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:  # the folder itself is gone: the original error says more
+        return None
     if getattr(exc, "errno", None) != errno.ENOSPC and free >= FULL_BELOW:
         return None
     return DiskFull(
