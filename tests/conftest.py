@@ -70,7 +70,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def small_disk(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
     """``small_disk(kib)``: a real filesystem of ``kib`` KiB (a tmpfs mounted under
     ``tmp_path``), for what a full disk does; called again, the same one resized (room made
-    after a failure). Skips where mounting is not permitted (it needs root)."""
+    after a failure). Skips where mounting is not permitted (it needs root): a property of
+    the machine, not of the test bed, so ``SPECSHIM_REQUIRE_E2E`` does not turn it into a
+    failure; the skip's reason names mount's own error."""
     mount = tmp_path / "disk"
     mount.mkdir()
     mounted = False

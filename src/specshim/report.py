@@ -154,7 +154,9 @@ def _cpu_runner_problem() -> str | None:
 
 def _untaken_kernel_keywords() -> list[str]:
     """The keywords vLLM's rejection sampler passes to :data:`RECOVERED_TOKENS_KERNEL` that
-    its CPU stand-in (``_<kernel>_impl``) has no parameter for, read from both sources."""
+    its CPU stand-in (``_<kernel>_impl``) has no parameter for, read from both sources. Only
+    the ``kernel[grid](...)`` calls of 0.23 to 0.31 are read: vLLM 0.32 hands the kernel over
+    another way, and its stand-in takes every keyword; nothing found, nothing is said."""
     sampler, kernels = kit.module_source(REJECTION_SAMPLER), kit.module_source(CPU_KERNELS)
     if sampler is None or kernels is None:
         return []

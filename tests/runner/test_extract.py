@@ -340,12 +340,14 @@ def test_a_run_that_cannot_fit_on_the_disk_is_refused_before_vllm(tmp_path) -> N
     import shutil
 
     samples = [dataset.Sample(i, i + 1, [1] * 300, [1] * 300) for i in range(4)]
-    extract.check_room(tmp_path, samples, limit=255, layers=4, hidden=128)  # 2 MB: fits
+    extract.check_room(tmp_path, samples, limit=255, layers=4, hidden=128)  # 1 MB: fits
     free = shutil.disk_usage(tmp_path).free
-    wide = free // (4 * 4 * 255 * extract.STATE_BYTES) + 1  # states of 4 x 255 tokens > free
+    wide = 2 * free // (4 * 4 * 255 * extract.STATE_BYTES) + 1  # twice the free space
     with pytest.raises(extract.ExtractionError) as refused:
         extract.check_room(tmp_path, samples, limit=255, layers=4, hidden=wide)
     line = str(refused.value)
     assert line.startswith(f"{tmp_path}: the 4 samples to extract need at least ")
-    assert f"(1,020 tokens x 4 layers x {wide:,} states x 2 bytes)" in line  # truncated to 255
+    assert (
+        f"(1,020 tokens x 4 layers x hidden size {wide:,} x 2 bytes, and their token ids)" in line
+    )
     assert line.endswith("free there: free some space or choose another --out")

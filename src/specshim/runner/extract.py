@@ -361,7 +361,8 @@ def check_room(out: Path, todo: list[dataset.Sample], limit: int, layers: int, h
     if free := files.room_short(out, need):
         raise ExtractionError(
             f"{out}: the {len(todo):,} samples to extract need at least {files.size(need)} "
-            f"({tokens:,} tokens x {layers} layers x {hidden:,} states x {STATE_BYTES} bytes), "
+            f"({tokens:,} tokens x {layers} layers x hidden size {hidden:,} x {STATE_BYTES} bytes, "
+            "and their token ids), "
             f"and {free}: free some space or choose another --out"
         )
 

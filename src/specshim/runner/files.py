@@ -28,8 +28,11 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write through ``write(file)`` into a temporary file beside ``path``, fsync it, then
     rename it into place. ``write`` may write to ``file`` or open ``file.name`` (the temporary
     file's path) itself: the fsync is of the file, whichever descriptor wrote it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # no room for the folder or the file's inode either
+        raise disk_full(path.parent, exc) or exc from None
     os.close(fd)
     try:
         with open(tmp, "wb") as f:
@@ -66,8 +69,8 @@ def disk_full(folder: Path, exc: BaseException) -> DiskFull | None:
     if getattr(exc, "errno", None) != errno.ENOSPC and free >= FULL_BELOW:
         return None
     return DiskFull(
-        f"no space left in {folder} ({size(free)} free): free some or choose another folder, "
-        "then run the same command again (the files written are kept)",
+        f"no space left in {folder} ({size(free)} free): free some space there and run the "
+        "same command again (the files already written are kept), or start over elsewhere",
     )
 
 

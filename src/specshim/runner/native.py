@@ -217,10 +217,11 @@ class NativeGenerator:
             path = params["hidden_states_path"]
             try:
                 saved = connector.load_hidden_states(path)  # waits until the file is whole
-            except FileNotFoundError as exc:  # the connector's write failed; it logged why
+            except Exception as exc:  # noqa: BLE001 the connector's write failed; it logged why
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise files.disk_full(Path(path).parent, exc) or RuntimeError(
-                    f"vLLM's hidden-states connector wrote no file for request "
-                    f"{output.request_id} ({path}): its log above says why"
+                    f"vLLM's hidden-states connector left no readable file for request "
+                    f"{output.request_id} ({first}): its log above says why"
                 ) from None
             connector.cleanup_hidden_states(path)
             states = saved["hidden_states"]  # [tokens, layers, hidden]
