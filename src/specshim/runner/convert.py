@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specshim import console
 from specshim.runner import files
 from specshim.runner.progress import Progress
 
@@ -147,10 +148,6 @@ def _stamp(path: Path) -> list[Any]:
     return [path.name, stat.st_size, stat.st_mtime_ns]
 
 
-def _one_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
 def _numbered(folder: Path, pattern: re.Pattern[str]) -> list[int]:
     return sorted(int(m[1]) for p in folder.iterdir() if (m := pattern.fullmatch(p.name)))
 
@@ -234,7 +231,7 @@ class LegacySource:
         except Exception as exc:  # noqa: BLE001 a damaged or foreign file: name it, say what was expected
             raise ConversionError(
                 f"{path}: could not be loaded as speculators 0.3/0.4 data (input_ids, "
-                f"hidden_states, loss_mask): {_one_line(exc)}"
+                f"hidden_states, loss_mask): {console.first_line(exc)}"
             ) from None
         _check(sample, str(path), len(self.generator_ids))
         return sample
@@ -257,7 +254,9 @@ class ArrowSource:
         try:
             dataset = load_from_disk(str(folder))
         except Exception as exc:  # noqa: BLE001 datasets' own errors have no common base
-            raise ConversionError(f"--data {folder}: the Arrow dataset: {_one_line(exc)}") from None
+            raise ConversionError(
+                f"--data {folder}: the Arrow dataset: {console.first_line(exc)}"
+            ) from None
         missing = {"input_ids", "loss_mask"} - set(getattr(dataset, "column_names", []))
         if not isinstance(dataset, Dataset) or missing:
             raise ConversionError(
@@ -311,7 +310,7 @@ class ArrowSource:
         except Exception as exc:  # noqa: BLE001 a truncated or foreign file: name it
             raise ConversionError(
                 f"{path}: could not be loaded as speculators >= 0.5 hidden states "
-                f"(hidden_states, token_ids): {_one_line(exc)}"
+                f"(hidden_states, token_ids): {console.first_line(exc)}"
             ) from None
         if FP8_SCALES in data:
             raise ConversionError(
@@ -530,7 +529,7 @@ def _json_field(path: Path, *keys: str) -> tuple[dict[str, Any] | None, list[int
         return whole, [int(k) for k in value]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConversionError(
-            f"{path}: expected JSON with a list of layer ids at {field} ({_one_line(exc)})"
+            f"{path}: expected JSON with a list of layer ids at {field} ({console.first_line(exc)})"
         ) from None
 
 

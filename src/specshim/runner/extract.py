@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specshim import console
 from specshim.runner import dataset, files, native, worker_writer
 from specshim.runner import handoff as handoffs
 from specshim.runner.progress import Progress
@@ -531,7 +532,7 @@ def _choose_backend(backend: str) -> tuple[str, str]:
     """The backend to run and why: as asked, or for ``auto`` what the matrix and the
     installed vLLM support (told on stderr before vLLM starts, and in the summary). ``native``
     where vLLM cannot run it here is refused before vLLM starts, saying why."""
-    from specshim import console, report
+    from specshim import report
 
     if backend == "native" and not (native := report.native_here()).available:
         raise ExtractionError(f"--backend native: {native.detail}")
@@ -786,8 +787,7 @@ def _generator(
     try:
         generator = start()
     except Exception as exc:  # whatever vLLM raised: the user gets its first line
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ExtractionError(f"vLLM could not start {model}: {first}") from exc
+        raise ExtractionError(f"vLLM could not start {model}: {console.first_line(exc)}") from exc
     try:
         if backend != "native" and handoff != "worker":  # extract's _writer installs that one
             handoffs.use(generator, handoff)

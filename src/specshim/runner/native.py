@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from specshim import console
 from specshim.runner import files
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
@@ -218,10 +219,9 @@ class NativeGenerator:
             try:
                 saved = connector.load_hidden_states(path)  # waits until the file is whole
             except Exception as exc:  # noqa: BLE001 the connector's write failed; it logged why
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise files.disk_full(Path(path).parent, exc) or RuntimeError(
                     f"vLLM's hidden-states connector left no readable file for request "
-                    f"{output.request_id} ({first}): its log above says why"
+                    f"{output.request_id} ({console.first_line(exc)}): its log above says why"
                 ) from None
             connector.cleanup_hidden_states(path)
             states = saved["hidden_states"]  # [tokens, layers, hidden]
