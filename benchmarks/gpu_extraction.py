@@ -25,7 +25,10 @@ writes the states must stay under):
   ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``, ``extract``'s engine steps
   (``extract.EngineSteps``; vLLM's ``LLM`` on an H200 takes 16,384 tokens a step);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
-  speculators 0.3/0.4's files;
+  speculators 0.3/0.4's files: in vLLM's worker, through specshim's connector
+  (``specshim.runner.native_connector``), where the installed vLLM allows it;
+  ``extract_native@read_back=on`` instead reads vLLM's own files back in the caller, as
+  where it does not;
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
 - ``disk_writer``: the same on ``specshim extract``'s writer threads.
 
@@ -206,11 +209,13 @@ def _worker_variant(worker: Any, settings: dict[str, str]) -> None:
 def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict[str, Any]:
     import contextlib
 
-    from specshim.runner import extract, files, worker_writer
+    from specshim.runner import extract, files, native, worker_writer
     from specshim.runner import handoff as handoffs
 
     handoff, *variant = mode.removeprefix("extract_").split("@")
     settings = dict(v.split("=", 1) for v in variant)
+    if settings.pop("read_back", "off") == "on":
+        native.writes_in_worker = lambda: False
     steps = extract.EngineSteps(
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))
@@ -239,6 +244,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     timers.wrap(files.BackgroundWriter, "submit")  # blocks while the writer is behind
     timers.wrap(worker_writer.WorkerFilesClient, "expect")  # blocks while the worker's is
     timers.wrap(worker_writer.WorkerFilesClient, "finished")
+    timers.wrap(native.NativeFiles, "finished")
     summary = extract.extract(
         model,
         data,

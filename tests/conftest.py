@@ -67,6 +67,23 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], str]:
+    """``stand_in(name, source)``: a module ``stand_in_vllm.<name>`` holding ``source`` (the
+    lines that matter of a vLLM module as another release has it), on the path and readable
+    by ``kit.module_source``; written again, replaced. Returns its dotted name."""
+    package = tmp_path / "stand_in_vllm"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(name: str, source: str) -> str:
+        (package / f"{name}.py").write_text(source)
+        return f"stand_in_vllm.{name}"
+
+    return write
+
+
+@pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
     """``small_disk(kib)``: a real filesystem of ``kib`` KiB (a tmpfs mounted under
     ``tmp_path``), for what a full disk does; called again, the same one resized (room made

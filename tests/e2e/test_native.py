@@ -2,6 +2,10 @@
 in CI) with both speculators: vLLM's own ``extract_hidden_states`` path, written in
 speculators 0.3/0.4's format. scripts/run_matrix.py measures a native row with these tests.
 
+Where vLLM's worker writes the files (specshim's connector, ``native_connector``), they are
+checked against the files the caller writes from vLLM's own connector files, tensor for
+tensor, in one engine; a sample the worker refuses is one line naming it.
+
 The native files are checked against the generator backend's (the same samples, token ids and
 loss masks, states within bf16 noise, the same data_config layer ids) and against float32
 transformers (each layer id ``k`` is the output of decoder layer ``k``, vLLM asked for
@@ -125,3 +129,75 @@ def test_native_backend_fails_on_the_cpu_without_the_connector_stand_in(
     assert "FAILED" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     log = done.stdout + done.stderr
     assert "pin_memory=True requires a CUDA or other accelerator backend" in log
+
+
+#: In one engine: the same prompts read back by the caller (nobody announced them) and then
+#: announced and written by vLLM's worker; then a sample whose loss mask is one token short.
+#: Prints what the test compares as one JSON line.
+WORKER_AND_CALLER = """
+import json, sys
+from pathlib import Path
+import torch
+from specshim import hardware
+hardware.configure_cpu()
+from specshim.runner import dataset, native
+from specshim.runner.worker_writer import Expected
+model, work = sys.argv[1], Path(sys.argv[2])
+prompts = [[5 + i, 6, 7, 8, 9 + i] * (i + 1) for i in range(6)]
+masks = [[(i + j) % 2 for j in range(len(p))] for i, p in enumerate(prompts)]
+generator = native.NativeGenerator(model, [0, 1, 2, 3], 256, 1, work / "connector")
+for i, (record, mask) in enumerate(zip(generator.generate(prompts), masks)):
+    saved = dataset.record(record["input_ids"], record["hidden_states"], mask)
+    torch.save(saved, work / f"caller_{i}.pt")
+generator.files.expect([
+    Expected(str(work / f"worker_{i}.pt"), p, m, f"prompt {i}")
+    for i, (p, m) in enumerate(zip(prompts, masks))
+])
+returned = generator.generate(prompts)
+done = generator.files.finished(wait=True)
+generator.files.expect([Expected(str(work / "short.pt"), prompts[2], masks[2][:-1], "prompt 2")])
+generator.generate(prompts[2:3])
+print("RESULT", json.dumps({
+    "returned": [[list(s.shape) for s in r["hidden_states"]] for r in returned],
+    "done": done,
+    "short": generator.files.finished(wait=True),
+    "left": sorted(p.name for p in (work / "connector").iterdir()),
+}))
+generator.shutdown()
+"""
+
+
+@pytest.mark.parametrize("vllm", VLLM_ENVS)
+def test_files_written_by_vllms_worker_equal_the_callers(vllm, tiny_models, tmp_path) -> None:
+    """specshim's connector writes, in vLLM's worker, the tensors the caller writes from
+    vLLM's own files (bit for bit, contiguous, int64 ids and mask); ``generate`` hands back
+    states without columns meanwhile; a sample it refuses is one line naming it, with no file;
+    the connector's lock files are gone once read."""
+    done = subprocess.run(
+        [str(vllm_python(vllm)), "-c", WORKER_AND_CALLER, str(tiny_models["llama"]), str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads(lines[0].removeprefix("RESULT "))
+    lengths = [5 * (i + 1) for i in range(6)]
+    assert result["returned"] == [[[n, 0]] * 4 for n in lengths]
+    assert result["done"] == [[str(tmp_path / f"worker_{i}.pt"), None] for i in range(6)]
+    for i in range(6):
+        by_caller, by_worker = (
+            torch.load(tmp_path / f"{who}_{i}.pt", weights_only=True)
+            for who in ("caller", "worker")
+        )
+        assert by_worker.keys() == by_caller.keys() == {"input_ids", "hidden_states", "loss_mask"}
+        for key in ("input_ids", "loss_mask"):
+            assert by_worker[key].dtype == torch.long and torch.equal(
+                by_worker[key], by_caller[key]
+            )
+        assert len(by_worker["hidden_states"]) == 4
+        for a, b in zip(by_worker["hidden_states"], by_caller["hidden_states"], strict=True):
+            assert a.dtype == b.dtype and a.shape == (lengths[i], b.shape[1]) and a.is_contiguous()
+            assert torch.equal(a, b), f"worker_{i}.pt differs from the caller's file"
+    assert result["short"] == [[str(tmp_path / "short.pt"),
+        "prompt 2: vLLM ran 15 tokens, the loss mask has 14; refusing to write them"]]  # fmt: skip
+    assert not (tmp_path / "short.pt").exists()
+    assert not [name for name in result["left"] if name.endswith(".lock")]

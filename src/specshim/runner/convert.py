@@ -56,6 +56,7 @@ from typing import Any
 
 from specshim import console
 from specshim.runner import files
+from specshim.runner.dataset import record as sample_record
 from specshim.runner.progress import Progress
 
 LEGACY = "speculators 0.3/0.4"
@@ -373,18 +374,9 @@ class LegacyDest:
 
     def write(self, path: Path, sample: Sample) -> None:
         """Save ``sample`` to ``path`` atomically as speculators 0.3/0.4 stores it: int64 ids and
-        mask, and a list of the layers' states, each a copy with its own storage (a view of the
-        stacked states ``ArrowSource`` loads would save all of them)."""
-        import torch
-
-        files.save_torch(
-            path,
-            {
-                "input_ids": sample.input_ids.to(torch.long),
-                "hidden_states": [s.contiguous().clone() for s in sample.states],
-                "loss_mask": sample.loss_mask.to(torch.long),
-            },
-        )
+        mask, and a list of the layers' states, each with its own storage (a view of the stacked
+        states ``ArrowSource`` loads would save all of them)."""
+        files.save_torch(path, sample_record(sample.input_ids, sample.states, sample.loss_mask))
 
     def finish(self, source: Any, rows: Iterator[tuple[Any, Any]]) -> None:
         """Write the small files from every row's token ids and loss mask:

@@ -42,6 +42,27 @@ class Sample:
     loss_mask: list[int]
 
 
+def record(input_ids: Any, hidden_states: list[Any], loss_mask: Any) -> dict[str, Any]:
+    """One sample as speculators 0.3/0.4 store it (``data_{i}.pt``): token ids and loss mask
+    as ``long`` tensors (from lists or tensors), and one ``[tokens, hidden]`` tensor per layer,
+    each with a storage of its own (``torch.save`` writes a view's whole storage: a layer cut
+    from stacked states would carry all of them). Every path that writes a sample builds it
+    here."""
+    import torch
+
+    return {
+        "input_ids": torch.as_tensor(input_ids, dtype=torch.long),
+        "hidden_states": [h if _own_storage(h) else h.clone() for h in hidden_states],
+        "loss_mask": torch.as_tensor(loss_mask, dtype=torch.long),
+    }
+
+
+def _own_storage(tensor: Any) -> bool:
+    """Whether ``tensor`` is contiguous and the whole of its storage."""
+    whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    return bool(tensor.is_contiguous() and whole)
+
+
 ROLE_KEYS = ("messages", "conversations")
 
 #: The roles chat templates render: the OpenAI chat format's system/user/assistant/tool, its

@@ -47,8 +47,11 @@ SAMPLE_FILE = re.compile(r"data_(\d+)\.pt")
 #: on the CPU differs by well under 1 % between batch shapes; a sample from another row, or
 #: batched states shifted by a token (speculators #279), differ by 50 % and more.
 VERIFY_TOLERANCE = 0.05
-#: How the native backend's states reach this process (the summary names it).
-NATIVE_HANDOFF = "the files of vLLM's hidden-states connector"
+#: Who writes the native backend's files (the summary names it): vLLM's worker, through
+#: specshim's connector, where the installed vLLM allows it; else this process, from the
+#: connector's own files (:func:`specshim.runner.native.writes_in_worker`).
+NATIVE_IN_WORKER = "vLLM's worker, through specshim's hidden-states connector"
+NATIVE_READ_BACK = "the files of vLLM's hidden-states connector"
 #: Bytes of one hidden state as vLLM hands it over: 16-bit (it runs a float32 checkpoint in
 #: 16 bits too), the least a sample file can hold per state.
 STATE_BYTES = 2
@@ -401,18 +404,12 @@ def _checked(
     one state per token in every layer, finite, and not all zero (a layer vLLM did not
     really run, as with hybrid targets: speculators #613). Called on a writer thread, just
     before the file is written (:meth:`files.BackgroundWriter.submit`)."""
-    import torch
-
     states = _checked_ids(result, sample, limit, layers)
     where = f"line {sample.line} ({sample_file(sample)})"
     for layer, state in zip(layers, states, strict=True):
         if problem := worker_writer.state_problem(state, state.shape[0]):
             raise ExtractionError(f"{where}, layer {layer}: {problem}; refusing to write them")
-    return {
-        "input_ids": result["input_ids"],
-        "hidden_states": [h.contiguous() for h in states],
-        "loss_mask": torch.tensor(sample.loss_mask[:limit], dtype=torch.long),
-    }
+    return dataset.record(result["input_ids"], states, sample.loss_mask[:limit])
 
 
 def _token_freq(samples: list[dataset.Sample], limit: int) -> dict[int, int]:
@@ -475,7 +472,7 @@ def extract(
     hardware.prepare_for_vllm(tensor_parallel_size)
     backend, why = _choose_backend(backend)
     if backend == "native":
-        handoff = NATIVE_HANDOFF
+        handoff = NATIVE_IN_WORKER if native.writes_in_worker() else NATIVE_READ_BACK
     specshim.apply()
     tokenizer = AutoTokenizer.from_pretrained(model)
     skipped: list[dataset.BadRow] = []
@@ -608,7 +605,7 @@ class _WorkerWrites:
     process checks what the generator returned and records each file the worker finished."""
 
     generator: Any
-    client: worker_writer.WorkerFilesClient
+    client: worker_writer.WorkerFilesClient | native.NativeFiles
     ledger: files.Ledger
     out: Path
     prints: list[str]
@@ -655,11 +652,15 @@ def _writer(
 ) -> Iterator[_CallerWrites | _WorkerWrites]:
     """Who writes the files for ``handoff``; on the way out, what was handed over is written
     (and recorded) before the caller goes on."""
-    if handoff != "worker":
+    client: worker_writer.WorkerFilesClient | native.NativeFiles
+    if handoff == "worker":
+        client = worker_writer.WorkerFilesClient(generator, generator.layer_ids)
+    elif handoff == NATIVE_IN_WORKER:
+        client = generator.files
+    else:
         with files.BackgroundWriter(depth=2 * batch_size, ledger=ledger) as background:
             yield _CallerWrites(generator, background, out, prints, limit)
         return
-    client = worker_writer.WorkerFilesClient(generator, generator.layer_ids)
     writes = _WorkerWrites(generator, client, ledger, out, prints, limit)
     yield writes
     writes.close()

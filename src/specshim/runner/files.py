@@ -59,9 +59,10 @@ class DiskFull(OSError):
     how much is free and what to do."""
 
 
-def disk_full(folder: Path, exc: BaseException) -> DiskFull | None:
+def disk_full(folder: Path, exc: BaseException | None = None) -> DiskFull | None:
     """``exc``, raised while writing into ``folder``, as :class:`DiskFull` when the disk there
-    is full (ENOSPC, or less than :data:`FULL_BELOW` free), else None."""
+    is full (ENOSPC, or less than :data:`FULL_BELOW` free), else None. Without ``exc`` (a
+    write that failed elsewhere, unseen), the free space alone decides."""
     try:
         free = shutil.disk_usage(folder).free
     except OSError:  # the folder itself is gone: the original error says more

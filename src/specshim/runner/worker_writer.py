@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specshim.runner import files
+from specshim.runner import dataset, files
 from specshim.runner.handoff import each_tensor
 
 #: The worker attribute holding its :class:`WorkerFiles`.
@@ -278,7 +278,6 @@ class WorkerFiles:
     def _write(self, expected: Expected, states: Callable[[], OnHost]) -> None:
         """On a writer thread: check the sample's states and write its file; the problem that
         kept it from being written, or None."""
-        import torch
 
         if self._failed:
             return
@@ -292,11 +291,7 @@ class WorkerFiles:
                     problem = f"{expected.where}, layer {layer}: {found}; refusing to write them"
                     break
         if problem is None:
-            record = {
-                "input_ids": torch.tensor(expected.input_ids, dtype=torch.long),
-                "hidden_states": [t.contiguous() for t in layers],
-                "loss_mask": torch.tensor(expected.loss_mask, dtype=torch.long),
-            }
+            record = dataset.record(expected.input_ids, layers, expected.loss_mask)
             try:
                 with self._clock("save"), self._clock("save_cpu", time.thread_time):
                     files.save_torch(Path(expected.path), record)
