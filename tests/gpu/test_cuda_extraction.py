@@ -11,6 +11,8 @@ Run with ``scripts/gpu_test.sh``; skipped where torch sees no CUDA device.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,6 +155,16 @@ def test_native_backend_writes_the_generator_backends_files_on_the_gpu(
         gpu_extract(speculators, tiny_models["llama"], dataset, tmp_path / backend,
                     "--backend", backend)  # fmt: skip
     assert_same_files(tmp_path / "generator", tmp_path / "native")
+
+
+def test_native_files_written_by_vllms_worker_equal_the_callers_on_the_gpu(
+    tiny_models, tmp_path
+) -> None:
+    """specshim's connector on CUDA vLLM: the checks of tests/e2e/test_native.py."""
+    from e2e.test_native import assert_worker_writes_the_callers_files
+
+    python = Path(sys.executable)
+    assert_worker_writes_the_callers_files(python, tiny_models["llama"], tmp_path)
 
 
 @pytest.mark.parametrize("speculators", SPECULATORS)
