@@ -71,6 +71,7 @@ TRAINING_TESTS = ("tests/e2e/test_train.py::test_loss_goes_down[{speculators}]",
 NATIVE_TESTS = (
     "tests/e2e/test_native.py::test_native_backend_writes_the_generator_backends_files[{pair}]",
     "tests/e2e/test_native.py::test_native_backend_matches_transformers[{pair}]",
+    "tests/e2e/test_native.py::test_files_written_by_vllms_worker_equal_the_callers[{vllm}]",
 )
 
 
@@ -153,7 +154,9 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
     level = "import"
     for stage, tests in stages:
         pair = f"{row['vllm']}-{row['speculators']}"
-        nodes = [t.format(pair=pair, speculators=row["speculators"]) for t in tests]
+        nodes = [
+            t.format(pair=pair, vllm=row["vllm"], speculators=row["speculators"]) for t in tests
+        ]
         command = [str(environment.python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         # a wide "terminal", so that pytest's summary line keeps the failure's message
         done = run([*command, *nodes], SPECSHIM_VLLM=row["vllm"], COLUMNS="500")

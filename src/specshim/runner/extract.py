@@ -471,8 +471,8 @@ def extract(
 
     hardware.prepare_for_vllm(tensor_parallel_size)
     backend, why = _choose_backend(backend)
-    if backend == "native":
-        handoff = NATIVE_IN_WORKER if native.writes_in_worker() else NATIVE_READ_BACK
+    if backend == "native":  # who writes is known once vLLM runs (below)
+        handoff = NATIVE_READ_BACK
     specshim.apply()
     tokenizer = AutoTokenizer.from_pretrained(model)
     skipped: list[dataset.BadRow] = []
@@ -494,6 +494,8 @@ def extract(
         with _generator(
             model, layers, max_model_len, tensor_parallel_size, handoff, backend, out, steps
         ) as generator:
+            if backend == "native" and generator.files is not None:
+                handoff = NATIVE_IN_WORKER
             taken = _steps_taken(generator)
             files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
             files.Ledger(out / LEDGER).keep(work.kept)
@@ -601,8 +603,10 @@ class _CallerWrites:
 
 @dataclass
 class _WorkerWrites:
-    """vLLM's worker checks and writes the files (:mod:`specshim.runner.worker_writer`); this
-    process checks what the generator returned and records each file the worker finished."""
+    """vLLM's worker checks and writes the files (the generator backend's ``worker`` hand-off,
+    :mod:`specshim.runner.worker_writer`, or the native backend's connector,
+    :mod:`specshim.runner.native_connector`); this process checks what the generator
+    returned and records each file the worker finished."""
 
     generator: Any
     client: worker_writer.WorkerFilesClient | native.NativeFiles
@@ -628,13 +632,15 @@ class _WorkerWrites:
             _checked_ids(result, sample, self.limit, self.generator.layer_ids)
         self.record(self.client.finished())
 
-    def record(self, finished: list[tuple[str, str | None]]) -> None:
-        """Record each file the worker put in place; its first problem is this run's error."""
+    def record(self, finished: list[tuple[str, str | None]], failed_ok: bool = False) -> None:
+        """Record each file the worker put in place; its first problem is this run's error
+        (with ``failed_ok``, on the way out of a run already failing, passed over)."""
         for path, problem in finished:
-            if problem is not None:
+            if problem is not None and not failed_ok:
                 raise ExtractionError(problem)
             sample = self._pending.pop(path)
-            self.ledger.record(Path(path), self.prints[sample.index])
+            if problem is None:
+                self.ledger.record(Path(path), self.prints[sample.index])
 
     def close(self) -> None:
         self.record(self.client.finished(wait=True))
@@ -662,7 +668,12 @@ def _writer(
             yield _CallerWrites(generator, background, out, prints, limit)
         return
     writes = _WorkerWrites(generator, client, ledger, out, prints, limit)
-    yield writes
+    try:
+        yield writes
+    except BaseException:  # an error or Ctrl-C: keep the files the worker finished
+        with contextlib.suppress(Exception):
+            writes.record(client.finished(wait=True), failed_ok=True)
+        raise
     writes.close()
 
 

@@ -36,13 +36,14 @@ import collections
 import contextlib
 import fcntl
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specshim import console
 from specshim.runner import files
-from specshim.runner.worker_writer import Expected
+from specshim.runner.worker_writer import PENDING_BYTES, Expected
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
 #: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18), or
@@ -67,6 +68,9 @@ OWN_CONNECTOR_NEEDS = (
     "self._write_tensors, tensors,",
     "self._request_filenames[new_req.req_id] = ",
 )
+#: ... and, under tensor parallelism, that only rank 0 takes the lock and writes (0.25.1 on;
+#: in 0.22.1 every rank does, and another rank's lock file would truncate rank 0's outcome).
+ONE_RANK_WRITES = "self._is_tp_rank_zero"
 
 
 def vllm_ids(layers: list[int]) -> list[int]:
@@ -84,15 +88,16 @@ def per_layer(states: Any) -> list[Any]:
     return [states[:, i] for i in range(states.shape[1])]
 
 
-def writes_in_worker() -> bool:
+def writes_in_worker(tensor_parallel_size: int = 1) -> bool:
     """Whether specshim's connector can write the files in vLLM's worker here: the installed
     vLLM's connector has what it overrides (:data:`OWN_CONNECTOR_NEEDS`, in vLLM 0.22.1 and
-    0.25.1 to 0.32.0), read from its source without importing it. Elsewhere the caller reads
-    vLLM's own files back."""
+    0.25.1 to 0.32.0; beyond one rank, :data:`ONE_RANK_WRITES` too: 0.25.1 on), read from its
+    source without importing it. Elsewhere the caller reads vLLM's own files back."""
     from specshim.adapters import kit  # wrapt: not at import, where the CLI builds its parser
 
     source = kit.module_source(CONNECTOR) or ""
-    return all(needed in source for needed in OWN_CONNECTOR_NEEDS)
+    needs = OWN_CONNECTOR_NEEDS + ((ONE_RANK_WRITES,) if tensor_parallel_size > 1 else ())
+    return all(needed in source for needed in needs)
 
 
 class _CompletedEvent:
@@ -235,14 +240,31 @@ class _Writing:
 class NativeFiles:
     """The caller's side of specshim's connector: announce samples before the ``generate``
     that extracts them, collect the files the worker finished (the interface of
-    :class:`specshim.runner.worker_writer.WorkerFilesClient`)."""
+    :class:`specshim.runner.worker_writer.WorkerFilesClient`).
 
-    def __init__(self) -> None:
+    ``generate`` returns before the worker's files are written, and vLLM's connector keeps
+    each finished request's states in host memory until its writer threads save them, with
+    no bound of its own: :meth:`expect` waits for the oldest files while more than
+    :data:`specshim.runner.worker_writer.PENDING_BYTES` of states (``bytes_per_token`` each
+    token) would be waiting, as the ``worker`` hand-off does."""
+
+    def __init__(self, bytes_per_token: int) -> None:
+        self.bytes_per_token = bytes_per_token
         self._queue: collections.deque[Expected] = collections.deque()
-        self._writing: list[_Writing] = []
+        self._writing: collections.deque[_Writing] = collections.deque()
+        self._done: list[tuple[str, str | None]] = []
+
+    def _bytes(self, samples: Iterable[Expected]) -> int:
+        return sum(len(e.input_ids) for e in samples) * self.bytes_per_token
 
     def expect(self, batch: list[Expected]) -> None:
-        """The next ``generate`` is for ``batch``, in input order."""
+        """The next ``generate`` is for ``batch``, in input order; first, room for it."""
+        waiting = self._bytes(w.expected for w in self._writing)
+        while self._writing and waiting + self._bytes(batch) > PENDING_BYTES:
+            oldest = self._writing.popleft()
+            if outcome := _settled(oldest, wait=True):
+                self._done.append(outcome)
+            waiting -= self._bytes([oldest.expected])
         self._queue.extend(batch)
 
     def take(self, count: int) -> list[Expected]:
@@ -264,32 +286,41 @@ class NativeFiles:
     def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
         """The files finished since the last call, each with the problem that kept it from
         being written (None: in place); with ``wait``, once every announced file is."""
-        done: list[tuple[str, str | None]] = []
-        self._writing = [w for w in self._writing if not _settled(w, wait, done)]
+        still: collections.deque[_Writing] = collections.deque()
+        for writing in self._writing:
+            if (outcome := _settled(writing, wait)) is None:
+                still.append(writing)
+            else:
+                self._done.append(outcome)
+        self._writing = still
+        done, self._done = self._done, []
         return done
 
 
-def _settled(writing: _Writing, wait: bool, done: list[tuple[str, str | None]]) -> bool:
-    """Whether the connector is done with ``writing`` (then its outcome is added to ``done``
-    and its lock file removed); ``wait``: block until it is."""
-    with open(writing.lock, "rb") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            return False
-        said = lock.read().decode()
-    os.unlink(writing.lock)
+def _settled(writing: _Writing, wait: bool) -> tuple[str, str | None] | None:
+    """The file and the problem that kept it from being written (None: in place) once the
+    connector is done with ``writing`` (its lock file is then removed), else None; ``wait``:
+    block until it is done."""
     expected = writing.expected
+    try:
+        with open(writing.lock, "rb") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                return None
+            said = lock.read().decode()
+        os.unlink(writing.lock)
+    except FileNotFoundError:  # the connector never made it (vLLM's log says why)
+        said = ""
     if said == WRITTEN:
-        done.append((expected.path, None))
-    elif said:
-        done.append((expected.path, said))
-    else:  # the connector could not even say what happened: a full disk, or its log says
-        full = files.disk_full(Path(expected.path).parent)
-        done.append((expected.path, str(full) if full else (
-            f"{expected.where}: vLLM's worker wrote no file for it: its log above says why"
-        )))  # fmt: skip
-    return True
+        return expected.path, None
+    if said:
+        return expected.path, said
+    # the connector could not even say what happened: a full disk, or its log says
+    full = files.disk_full(Path(expected.path).parent)
+    return expected.path, str(full) if full else (
+        f"{expected.where}: vLLM's worker wrote no file for it: its log above says why"
+    )
 
 
 class NativeGenerator:
@@ -322,12 +353,14 @@ class NativeGenerator:
         self.tensor_parallel_size = tensor_parallel_size
         self.max_model_len = max_model_len
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # module docstring: why
-        self.files = NativeFiles() if writes_in_worker() else None
-        options = engine_options(
-            model, layer_ids, max_model_len, tensor_parallel_size, work, self.files is not None
-        )
+        own = writes_in_worker(tensor_parallel_size)
+        options = engine_options(model, layer_ids, max_model_len, tensor_parallel_size, work, own)
         self.llm = LLM(**options | (steps or {}))  # max_num_seqs, max_num_batched_tokens
         self.vllm_config = self.llm.llm_engine.vllm_config
+        model_config = self.vllm_config.model_config
+        state_bytes = getattr(model_config.dtype, "itemsize", 2)  # a torch.dtype once resolved
+        per_token = model_config.get_hidden_size() * len(layer_ids) * state_bytes
+        self.files = NativeFiles(per_token) if own else None
         self.llm.collective_rpc("specshim_cpu_connector")
 
     def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
@@ -339,6 +372,11 @@ class NativeGenerator:
 
         cut = [ids[: self.max_model_len - 1] for ids in token_ids]
         announced = self.files.take(len(cut)) if self.files else []
+        if announced and [e.input_ids for e in announced] != cut:
+            raise RuntimeError(
+                "native files: the announced samples are not the prompts generate was given, "
+                "in order (each file would get another prompt's states)"
+            )
         params = [_announcing(e) for e in announced] or SamplingParams(max_tokens=1)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)

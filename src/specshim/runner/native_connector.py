@@ -25,6 +25,7 @@ held until the write is done.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
 from specshim import console
 from specshim.runner import dataset, files, native, worker_writer
+
+logger = logging.getLogger(__name__)
 
 
 def _announced(new_request: Any) -> dict[str, Any] | None:
@@ -78,6 +81,8 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
     ) -> None:
         """On a writer thread: an announced request's file, else vLLM's own write."""
         said = self._specshim_files.pop(filename, None)
+        if said is not None and lock_fd is None:  # vLLM's lock turned off: nobody would know
+            logger.error("specshim: %s needs the connector's lock file; not written", said["where"])
         if said is None or lock_fd is None:
             super()._write_tensors(tensors, event, filename, lock_fd)
             return
