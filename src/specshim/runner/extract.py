@@ -406,9 +406,8 @@ def _checked(
     before the file is written (:meth:`files.BackgroundWriter.submit`)."""
     states = _checked_ids(result, sample, limit, layers)
     where = f"line {sample.line} ({sample_file(sample)})"
-    for layer, state in zip(layers, states, strict=True):
-        if problem := worker_writer.state_problem(state, state.shape[0]):
-            raise ExtractionError(f"{where}, layer {layer}: {problem}; refusing to write them")
+    if problem := worker_writer.sample_problem(where, layers, states, len(states[0])):
+        raise ExtractionError(problem)
     return dataset.record(result["input_ids"], states, sample.loss_mask[:limit])
 
 

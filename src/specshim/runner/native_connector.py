@@ -25,6 +25,7 @@ held until the write is done.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -98,12 +99,9 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
             outcome = f"{said['where']}: writing extracted samples failed: {failed}"
             raise
         finally:
-            try:
+            with contextlib.suppress(OSError):  # a full disk: the caller finds it missing, and why
                 os.write(lock_fd, outcome.encode())
-            except OSError:  # a full disk: the caller finds the outcome missing, and why
-                pass
-            finally:
-                os.close(lock_fd)  # releases the lock the caller waits on
+            os.close(lock_fd)  # releases the lock the caller waits on
 
     def _write_sample(self, tensors: dict[str, Any], said: dict[str, Any]) -> str:
         """Check one sample's states and write its file; :data:`native.WRITTEN` or the
@@ -115,8 +113,8 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
                 f"{said['where']}: vLLM ran {len(token_ids)} tokens, the loss mask has "
                 f"{len(said['loss_mask'])}; refusing to write them"
             )
-        for layer, state in zip(self._specshim_layers, states, strict=True):
-            if problem := worker_writer.state_problem(state, len(token_ids)):
-                return f"{said['where']}, layer {layer}: {problem}; refusing to write them"
+        where, layers = said["where"], self._specshim_layers
+        if problem := worker_writer.sample_problem(where, layers, states, len(token_ids)):
+            return problem
         files.save_torch(Path(said["file"]), dataset.record(token_ids, states, said["loss_mask"]))
         return native.WRITTEN

@@ -79,6 +79,19 @@ def state_problem(state: Any, tokens: int, extremes: Any = None) -> str | None:
     return None
 
 
+def sample_problem(
+    where: str, layer_ids: list[int], states: list[Any], tokens: int, extremes: Any = None
+) -> str | None:
+    """What keeps one sample's per-layer states (``layer_ids``' order) from being written, as
+    the line the user sees (it names ``where`` and the layer), or None. ``extremes``: the
+    layers' ``[layers, 2]`` (min, max) where known (:func:`state_problem`)."""
+    for place, (layer, state) in enumerate(zip(layer_ids, states, strict=True)):
+        known = None if extremes is None else extremes[place]
+        if found := state_problem(state, tokens, known):
+            return f"{where}, layer {layer}: {found}; refusing to write them"
+    return None
+
+
 #: One sample's per-layer states on the host, and their ``[layers, 2]`` extremes where known.
 OnHost = tuple[list[Any], Any]
 
@@ -278,18 +291,13 @@ class WorkerFiles:
     def _write(self, expected: Expected, states: Callable[[], OnHost]) -> None:
         """On a writer thread: check the sample's states and write its file; the problem that
         kept it from being written, or None."""
-
         if self._failed:
             return
-        problem = None
         with self._clock("copied"):
             layers, extremes = states()
         with self._clock("check"):
-            for place, (layer, state) in enumerate(zip(self.layers, layers, strict=True)):
-                known = None if extremes is None else extremes[place]
-                if found := state_problem(state, len(expected.input_ids), known):
-                    problem = f"{expected.where}, layer {layer}: {found}; refusing to write them"
-                    break
+            tokens = len(expected.input_ids)
+            problem = sample_problem(expected.where, self.layers, layers, tokens, extremes)
         if problem is None:
             record = dataset.record(expected.input_ids, layers, expected.loss_mask)
             try:
