@@ -74,5 +74,5 @@ def test_announcing_waits_for_the_oldest_files_while_too_many_states_wait(
     later.join()
     assert files.finished() == [(str(tmp_path / "data_0.pt"), None)]
     newer.done(native.WRITTEN)
-    assert files.take(1) == [sample(tmp_path, 2, 5)]
+    assert files.take_for([sample(tmp_path, 2, 5).input_ids]) == [sample(tmp_path, 2, 5)]
     assert files.finished(wait=True) == [(str(tmp_path / "data_1.pt"), None)]

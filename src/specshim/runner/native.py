@@ -46,17 +46,19 @@ from specshim.runner import files
 from specshim.runner.worker_writer import PENDING_BYTES, Expected
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
-#: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18), or
-#: ``auto``, one of the two from the matrix and the installed vLLM
-#: (:func:`specshim.report.choose_backend`). The files are the same either way.
-BACKENDS = ("auto", "generator", "native")
+#: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18),
+#: speculators' capture inside vLLM's own engine loop (:mod:`specshim.runner.engine_loop`),
+#: or ``auto``, the generator or the native path from the matrix and the installed vLLM
+#: (:func:`specshim.report.choose_backend`). The files are the same each way.
+BACKENDS = ("auto", "generator", "native", "engine")
 
 #: vLLM's writer of the native path, in the worker.
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 #: specshim's subclass of it, which writes announced samples as ``data_{i}.pt`` itself.
 OWN_CONNECTOR = ("specshim.runner.native_connector", "SpecshimHiddenStatesConnector")
-#: The ``kv_transfer_params`` key of a sample's announcement: its file, loss mask, and where it
-#: came from (for messages).
+#: The ``SamplingParams.extra_args`` key of a sample's announcement: its file, loss mask, and
+#: where it came from (for messages). Not under ``kv_transfer_params``: vLLM warns for each
+#: such request where no connector runs (the engine backend).
 ANNOUNCED = "specshim_sample"
 #: What the connector writes in a request's lock file once the sample's file is in place (else
 #: the problem that kept it from being written).
@@ -237,7 +239,58 @@ class _Writing:
     lock: str
 
 
-class NativeFiles:
+class Announcements:
+    """The samples the caller announced for the next ``generate``, in input order: what
+    vLLM's worker is to write, carried to it in each request's ``SamplingParams``
+    (:func:`announcing`)."""
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[Expected] = collections.deque()
+
+    def expect(self, batch: list[Expected]) -> None:
+        """The next ``generate`` is for ``batch``, in input order."""
+        self._queue.extend(batch)
+
+    def take_for(self, prompts: list[list[int]]) -> list[Expected]:
+        """The announcements for ``prompts``, the next ``generate``'s (none if nothing is
+        announced); announcements that are not those prompts, in order, are an error (each
+        file would get another prompt's states)."""
+        if not self._queue:
+            return []
+        taken = list(self._queue)
+        self._queue.clear()
+        if [e.input_ids for e in taken] != prompts:
+            raise RuntimeError(
+                f"{len(taken)} samples announced are not the {len(prompts)} prompts generate "
+                "was given, in order (each file would get another prompt's states)"
+            )
+        return taken
+
+
+def announcing(expected: Expected) -> Any:
+    """One prefill whose request carries ``expected`` to vLLM's worker (specshim's connector,
+    or the engine backend's capture: :func:`announcement`)."""
+    from vllm import SamplingParams
+
+    said = {"file": expected.path, "loss_mask": expected.loss_mask, "where": expected.where}
+    return SamplingParams(max_tokens=1, extra_args={ANNOUNCED: said})
+
+
+def announcement(sampling_params: Any) -> dict[str, Any] | None:
+    """What :func:`announcing` put in a request's ``sampling_params``, or None."""
+    return (getattr(sampling_params, "extra_args", None) or {}).get(ANNOUNCED)
+
+
+def columnless(token_ids: list[int], layers: int) -> dict[str, Any]:
+    """An announced request's record: its token ids, and per layer ``[tokens, 0]`` states
+    (vLLM's worker writes the states)."""
+    import torch
+
+    ids = torch.tensor(token_ids, dtype=torch.long)
+    return {"input_ids": ids, "hidden_states": [torch.empty((len(ids), 0))] * layers}
+
+
+class NativeFiles(Announcements):
     """The caller's side of specshim's connector: announce samples before the ``generate``
     that extracts them, collect the files the worker finished (the interface of
     :class:`specshim.runner.worker_writer.WorkerFilesClient`).
@@ -249,8 +302,8 @@ class NativeFiles:
     token) would be waiting, as the ``worker`` hand-off does."""
 
     def __init__(self, bytes_per_token: int) -> None:
+        super().__init__()
         self.bytes_per_token = bytes_per_token
-        self._queue: collections.deque[Expected] = collections.deque()
         self._writing: collections.deque[_Writing] = collections.deque()
         self._done: list[tuple[str, str | None]] = []
 
@@ -265,19 +318,7 @@ class NativeFiles:
             if outcome := _settled(oldest, wait=True):
                 self._done.append(outcome)
             waiting -= self._bytes([oldest.expected])
-        self._queue.extend(batch)
-
-    def take(self, count: int) -> list[Expected]:
-        """The announcements for the next ``count`` prompts (none if nothing is announced)."""
-        if not self._queue:
-            return []
-        if len(self._queue) != count:
-            raise RuntimeError(
-                f"native files: {len(self._queue)} samples announced, generate asked for {count}"
-            )
-        taken = list(self._queue)
-        self._queue.clear()
-        return taken
+        super().expect(batch)
 
     def writing(self, expected: Expected, path: str) -> None:
         """vLLM's worker is writing ``expected``; ``path`` is the connector's name for it."""
@@ -323,18 +364,49 @@ def _settled(writing: _Writing, wait: bool) -> tuple[str, str | None] | None:
     )
 
 
-class NativeGenerator:
+class LLMGenerator:
+    """speculators' generator's interface over vLLM's ``LLM``, for the backends that run it.
+
+    ``model_path``, ``layer_ids``, ``tensor_parallel_size`` and ``vllm_config`` are what
+    speculators' ``DataGenerationConfig.from_generator`` reads; ``generate`` (each backend's)
+    cuts every sequence to ``max_model_len - 1`` tokens (:meth:`cut`) as the generator does.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        layer_ids: list[int],
+        max_model_len: int,
+        tensor_parallel_size: int,
+        options: dict[str, Any],
+    ) -> None:
+        from vllm import LLM
+
+        self.model_path = model
+        self.layer_ids = layer_ids
+        self.tensor_parallel_size = tensor_parallel_size
+        self.max_model_len = max_model_len
+        self.llm = LLM(**options)
+        self.vllm_config = self.llm.llm_engine.vllm_config
+
+    def cut(self, token_ids: list[list[int]]) -> list[list[int]]:
+        """Each sequence as the generator runs it: at most ``max_model_len - 1`` tokens."""
+        return [ids[: self.max_model_len - 1] for ids in token_ids]
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine and its processes."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+class NativeGenerator(LLMGenerator):
     """vLLM's ``extract_hidden_states`` path with speculators' generator's interface.
 
     ``generate(token_ids)`` returns one record per sequence (``input_ids`` and
-    ``hidden_states``, a list of ``[tokens, hidden]`` per layer in ``layer_ids``' order), each
-    sequence cut to ``max_model_len - 1`` tokens as the generator cuts it. The connector's
-    files go to ``work`` and are removed once read. ``model_path``, ``layer_ids``,
-    ``tensor_parallel_size`` and ``vllm_config`` are what speculators'
-    ``DataGenerationConfig.from_generator`` reads. ``files`` is the handle on the worker's
-    writes where the installed vLLM allows them (:func:`writes_in_worker`), else None: for
-    the samples announced there, ``generate`` returns states without columns (``[tokens, 0]``)
-    and the worker writes the files.
+    ``hidden_states``, a list of ``[tokens, hidden]`` per layer in ``layer_ids``' order). The
+    connector's files go to ``work`` and are removed once read. ``files`` is the handle on the
+    worker's writes where the installed vLLM allows them (:func:`writes_in_worker`), else
+    None: for the samples announced there, ``generate`` returns states without columns
+    (``[tokens, 0]``) and the worker writes the files.
     """
 
     def __init__(
@@ -346,17 +418,12 @@ class NativeGenerator:
         work: Path,
         steps: dict[str, int] | None = None,
     ) -> None:
-        from vllm import LLM
-
-        self.model_path = model
-        self.layer_ids = layer_ids
-        self.tensor_parallel_size = tensor_parallel_size
-        self.max_model_len = max_model_len
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # module docstring: why
         own = writes_in_worker(tensor_parallel_size)
         options = engine_options(model, layer_ids, max_model_len, tensor_parallel_size, work, own)
-        self.llm = LLM(**options | (steps or {}))  # max_num_seqs, max_num_batched_tokens
-        self.vllm_config = self.llm.llm_engine.vllm_config
+        # steps: max_num_seqs, max_num_batched_tokens
+        super().__init__(model, layer_ids, max_model_len, tensor_parallel_size,
+                         options | (steps or {}))  # fmt: skip
         model_config = self.vllm_config.model_config
         state_bytes = getattr(model_config.dtype, "itemsize", 2)  # a torch.dtype once resolved
         per_token = model_config.get_hidden_size() * len(layer_ids) * state_bytes
@@ -370,14 +437,9 @@ class NativeGenerator:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        cut = [ids[: self.max_model_len - 1] for ids in token_ids]
-        announced = self.files.take(len(cut)) if self.files else []
-        if announced and [e.input_ids for e in announced] != cut:
-            raise RuntimeError(
-                "native files: the announced samples are not the prompts generate was given, "
-                "in order (each file would get another prompt's states)"
-            )
-        params = [_announcing(e) for e in announced] or SamplingParams(max_tokens=1)
+        cut = self.cut(token_ids)
+        announced = self.files.take_for(cut) if self.files else []
+        params = [announcing(e) for e in announced] or SamplingParams(max_tokens=1)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         records = []
@@ -392,7 +454,7 @@ class NativeGenerator:
                 assert self.files is not None
                 self.files.writing(announced[i], told["hidden_states_path"])
                 ran = list(output.prompt_token_ids or [])
-                records.append(_columnless(ran, len(self.layer_ids)))
+                records.append(columnless(ran, len(self.layer_ids)))
             else:
                 records.append(self._read_back(output.request_id, told["hidden_states_path"]))
         return records
@@ -417,23 +479,3 @@ class NativeGenerator:
             "input_ids": saved["token_ids"].to(torch.long),
             "hidden_states": per_layer(saved["hidden_states"]),
         }
-
-    def shutdown(self) -> None:
-        """Stop vLLM's engine and its processes."""
-        self.llm.llm_engine.engine_core.shutdown()
-
-
-def _announcing(expected: Expected) -> Any:
-    """One prefill whose request carries ``expected`` to specshim's connector."""
-    from vllm import SamplingParams
-
-    said = {"file": expected.path, "loss_mask": expected.loss_mask, "where": expected.where}
-    return SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {ANNOUNCED: said}})
-
-
-def _columnless(token_ids: list[int], layers: int) -> dict[str, Any]:
-    """An announced request's record: its token ids, and per layer ``[tokens, 0]`` states."""
-    import torch
-
-    ids = torch.tensor(token_ids, dtype=torch.long)
-    return {"input_ids": ids, "hidden_states": [torch.empty((len(ids), 0))] * layers}

@@ -7,9 +7,9 @@ read every file back in the caller and write it again as speculators' ``data_{i}
 the H200 that ran at 0.31 of vLLM's own native path (docs/benchmarks.md, run 7).
 
 This subclass, loaded by vLLM through ``kv_connector_module_path`` (so only in vLLM's
-processes), changes one step: for a request the caller announced in its
-``kv_transfer_params`` (:data:`specshim.runner.native.ANNOUNCED`: the sample's file, its loss
-mask, where it came from), the writer thread checks the states and writes that file
+processes), changes one step: for a request the caller announced in its sampling
+parameters' ``extra_args`` (:data:`specshim.runner.native.ANNOUNCED`: the sample's file, its
+loss mask, where it came from), the writer thread checks the states and writes that file
 atomically, in the format and with the tensors the caller's path writes
 (:func:`specshim.runner.dataset.record`); then it says in the request's lock file what it did
 (:data:`specshim.runner.native.WRITTEN`, or the problem in one line) and releases the lock, on
@@ -42,12 +42,6 @@ from specshim.runner import dataset, files, native, worker_writer
 logger = logging.getLogger(__name__)
 
 
-def _announced(new_request: Any) -> dict[str, Any] | None:
-    """What the caller announced for one newly scheduled request, or None."""
-    extra = getattr(new_request.sampling_params, "extra_args", None) or {}
-    return (extra.get("kv_transfer_params") or {}).get(native.ANNOUNCED)
-
-
 class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
     """vLLM's connector; announced requests are written as speculators' ``data_{i}.pt``."""
 
@@ -67,7 +61,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
         meta.specshim_files = {  # type: ignore[attr-defined]  # pickled with the rest
             self._request_filenames[new.req_id]: said
             for new in scheduler_output.scheduled_new_reqs
-            if (said := _announced(new)) is not None
+            if (said := native.announcement(new.sampling_params)) is not None
         }
         return meta
 

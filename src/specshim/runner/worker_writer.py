@@ -203,13 +203,20 @@ class WorkerFiles:
         self.replies += 1
         with self._clock("split"):
             batch, per_sample = self.split(states)
+        self.write(batch, per_sample)
+        return each_tensor(states, _columnless)
+
+    def write(self, batch: list[Expected], per_sample: list[list[Any]]) -> None:
+        """Hand the writer threads ``batch``, each sample with its per-layer states (still on
+        the device): copied to the host now, checked and written on the threads."""
+        if not batch:
+            return
         nbytes = sum(t.numel() * t.element_size() for layers in per_sample for t in layers)
         with self._clock("room"):
             self._wait_for_room(nbytes)
         host = self._to_host(per_sample)
         jobs = [self._pool.submit(self._write, e, h) for e, h in zip(batch, host, strict=True)]
         self._pending.append((jobs, nbytes))
-        return each_tensor(states, _columnless)
 
     def split(self, states: Any) -> tuple[list[Expected], list[list[Any]]]:
         """The announced samples this reply holds, and each one's per-layer states, sliced as
@@ -310,6 +317,13 @@ class WorkerFiles:
             self.written += problem is None
             self._done.append((expected.path, problem))
 
+    def describe(self, how: str) -> dict[str, Any]:
+        """``how`` the states got here, how many replies it split and files it wrote, whether
+        its host copies were page-locked, and where its time went (:attr:`seconds`)."""
+        seconds = {step: round(s, 3) for step, s in sorted(self.seconds.items())}
+        return {"how": how, "replies": self.replies, "written": self.written,
+                "pinned": self.pinned, "seconds": seconds}  # fmt: skip
+
     def finished(self, wait: bool) -> list[tuple[str, str | None]]:
         """The files finished since the last call, each with the problem that kept it from
         being written (None: in place); with ``wait``, once every file handed over is, and
@@ -370,11 +384,7 @@ def state(worker: Any) -> dict[str, Any] | None:
     copies were page-locked, and where its time went (:attr:`WorkerFiles.seconds`); ``None``
     where the hand-off is not installed."""
     writer = getattr(worker, _STATE, None)
-    if writer is None:
-        return None
-    seconds = {step: round(s, 3) for step, s in sorted(writer.seconds.items())}
-    return {"how": "worker", "replies": writer.replies, "written": writer.written,
-            "pinned": writer.pinned, "seconds": seconds}  # fmt: skip
+    return None if writer is None else writer.describe("worker")
 
 
 # ---- the caller's side -----------------------------------------------------------------------
