@@ -13,7 +13,8 @@ writes the states must stay under):
 - ``generator_ipc`` / ``generator_shm``: the same, states handed over by CUDA IPC or through
   shared host memory (``specshim.runner.handoff``);
 - ``extract_rpc`` / ``extract_ipc`` / ``extract_shm``: ``specshim extract`` writing every sample
-  to disk, with each hand-off (the files are compared: the same tensors bit for bit);
+  to disk, with each hand-off (the files are compared: equal tensor for tensor, or the
+  worst relative error where batches differ);
 - ``extract_worker``: the same, vLLM's worker writing the files itself
   (``specshim.runner.worker_writer``), which reports where its time went; variants for
   comparison, set in the worker before the run: ``extract_worker@crc=off`` (``torch.save``
@@ -29,6 +30,10 @@ writes the states must stay under):
   (``specshim.runner.native_connector``), where the installed vLLM allows it;
   ``extract_native@read_back=on`` instead reads vLLM's own files back in the caller, as
   where it does not;
+- ``extract_engine``: ``specshim extract --backend engine``, speculators' capture inside
+  ``LLM.generate``'s own engine loop, vLLM's worker writing the files
+  (``specshim.runner.engine_loop``); its files are compared with the other ``extract``
+  paths' like theirs;
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
 - ``disk_writer``: the same on ``specshim extract``'s writer threads.
 
@@ -65,6 +70,7 @@ PATHS = (
     "extract_shm",
     "extract_worker",
     "extract_native",
+    "extract_engine",
     "disk",
     "disk_writer",
 )
@@ -220,7 +226,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))
     )  # fmt: skip
-    backend = "native" if handoff == "native" else "generator"
+    backend = handoff if handoff in ("native", "engine") else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
     started = extract._generator
     worker: list[Any] = []  # what the hand-off did in the worker (page-locked or not)
@@ -231,6 +237,10 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
             timers.wrap(generator, "generate")
             if backend == "native":
                 yield generator
+                return
+            if backend == "engine":
+                yield generator
+                worker.extend(generator.llm.collective_rpc("specshim_engine_state"))
                 return
             generator.executor.collective_rpc(_worker_variant, args=(settings,))
             timers.wrap(generator.executor, "execute_model")
@@ -253,7 +263,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         max_model_len=max_len,
         batch_size=128,
         progress=False,
-        handoff="auto" if backend == "native" else handoff,
+        handoff="auto" if backend != "generator" else handoff,
         backend=backend,
         steps=steps,
     )
@@ -304,20 +314,25 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
     print("RESULT", json.dumps(result), flush=True)
 
 
-def same_files(one: Path, other: Path) -> int:
-    """How many data_*.pt files of ``one`` equal ``other``'s, tensor for tensor (raises if any
-    differs)."""
+def compare_files(one: Path, other: Path) -> tuple[int, float]:
+    """How many data_*.pt files ``other`` holds, and the worst relative error of its states
+    against ``one``'s (0.0: equal tensor for tensor). The file sets, token ids, loss masks and
+    shapes must be the same (raises where they differ)."""
     import torch
 
     names = sorted(p.name for p in one.glob("data_*.pt"))
     assert names == sorted(p.name for p in other.glob("data_*.pt")), "different file sets"
+    worst = 0.0
     for name in names:
         a, b = (torch.load(d / name) for d in (one, other))
         assert torch.equal(a["input_ids"], b["input_ids"]), name
         assert torch.equal(a["loss_mask"], b["loss_mask"]), name
         for x, y in zip(a["hidden_states"], b["hidden_states"], strict=True):
-            assert x.dtype == y.dtype and torch.equal(x, y), name
-    return len(names)
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            if not torch.equal(x, y):
+                error = (y.float() - x.float()).norm() / x.float().norm().clamp_min(1e-12)
+                worst = max(worst, float(error))
+    return len(names), worst
 
 
 def main() -> None:
@@ -357,8 +372,9 @@ def main() -> None:
               file=sys.stderr, flush=True)  # fmt: skip
     written = [m for m in rates if m.startswith("extract_") and "@save=off" not in m]
     for mode in written[1:]:
-        compared = same_files(work / written[0], work / mode)
-        print(f"{mode}'s {compared} files equal {written[0]}'s, tensor for tensor")
+        compared, worst = compare_files(work / written[0], work / mode)
+        how = f"within relative error {worst:.1e} of" if worst else "equal, tensor for tensor,"
+        print(f"{mode}'s {compared} files {how} {written[0]}'s")
     base = rates.get("vllm_prefill")
     disk = max((r for m, r in rates.items() if m.startswith("disk")), default=0)
     ceiling = min((r for r in (rates.get("vllm_prefill", 0), disk) if r), default=0)

@@ -124,8 +124,10 @@ def test_every_adapter_applied_on_the_gpu_has_evidence(speculators, tiny_models)
     assert [set(r.adapters or ()) for r in rows] == [applied]
 
 
-def gpu_extract(speculators: str, model: Any, dataset: Any, out: Any, *extra: str) -> None:
-    """``specshim extract`` with this interpreter's CUDA vLLM and ``speculators``."""
+def gpu_extract(
+    speculators: str, model: Any, dataset: Any, out: Any, *extra: str, runner: str = "v2"
+) -> None:
+    """``specshim extract`` with this interpreter's CUDA vLLM, ``speculators`` and ``runner``."""
     import os
     import subprocess
     import sys
@@ -136,6 +138,7 @@ def gpu_extract(speculators: str, model: Any, dataset: Any, out: Any, *extra: st
     paths = [str(speculators_path(speculators)), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     env.pop("SPECSHIM_APPLY", None)
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
     cmd = [sys.executable, "-m", "specshim.cli", *extract_args(model, dataset, out), *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -182,3 +185,27 @@ def test_files_written_in_the_worker_equal_the_ipc_paths_on_the_gpu(
         gpu_extract(speculators, tiny_models["llama"], dataset, tmp_path / how,
                     "--backend", "generator", "--handoff", how, "--batch-size", "40")  # fmt: skip
     assert assert_equal_files(tmp_path / "ipc", tmp_path / "worker") == 45
+
+
+@pytest.mark.parametrize(("speculators", "runner"), CASES)
+def test_engine_backend_writes_the_generator_backends_files_on_the_gpu(
+    speculators, runner, tiny_models, tmp_path
+) -> None:
+    """``--backend engine`` (speculators' capture inside ``LLM.generate``'s loop, vLLM's worker
+    writing) against the generator backend on CUDA vLLM, whole prompts (with ``--verify``) and
+    16-token steps (chunked prefill, each prompt's chunks joined): the checks of
+    tests/e2e/test_engine_loop.py, within bf16 noise (the engine batches differently)."""
+    from e2e.test_native import assert_same_files
+    from specshim.testbed import data
+
+    dataset = data.write(tmp_path / "data.jsonl", count=12)
+    runs = {
+        "generator": ("--backend", "generator"),
+        "engine": ("--backend", "engine", "--verify", "3"),
+        "chunked": ("--backend", "engine", "--max-num-batched-tokens", "16"),
+    }
+    for name, more in runs.items():
+        gpu_extract(speculators, tiny_models["llama"], dataset, tmp_path / name, *more,
+                    runner=runner)  # fmt: skip
+    for name in ("engine", "chunked"):
+        assert_same_files(tmp_path / "generator", tmp_path / name)
