@@ -47,23 +47,28 @@ def wait_for_samples(process: subprocess.Popen, out: Path, ending: str, count: i
         time.sleep(0.2)
 
 
+#: Enough that the kill lands mid-run: 48 were all written before it on a fast CI machine.
+KILLED_RUN_SAMPLES = 160
+
+
 def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tmp_path) -> None:
     model, out = tiny_models["llama"], tmp_path / "out"
-    dataset = data.write(tmp_path / "data.jsonl", count=48)
+    dataset = data.write(tmp_path / "data.jsonl", count=KILLED_RUN_SAMPLES)
     cmd, env = specshim_command(*extract_args(model, dataset, out))
     first = subprocess.Popen(cmd, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     wait_for_samples(first, out, "killed")
     os.killpg(first.pid, signal.SIGKILL)  # the whole group: vLLM's workers too
     first.wait()
-    assert len(list(out.glob("data_*.pt"))) < 48, "the kill came too late to test resumption"
+    written_before_kill = len(list(out.glob("data_*.pt")))
+    assert written_before_kill < KILLED_RUN_SAMPLES, "the kill came too late to test resumption"
     # A file renamed into place but not yet recorded when the kill came is extracted again.
     entries = files.Ledger(out / extract.LEDGER).entries().values()
     recorded = sum(e.still_there(out) for e in entries)
 
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"{48 - recorded} extracted, {recorded} already done" in second.stdout
+    assert f"{KILLED_RUN_SAMPLES - recorded} extracted, {recorded} already done" in second.stdout
 
     from transformers import AutoTokenizer
 
@@ -71,7 +76,7 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
 
     expected = list(rows.read(dataset, AutoTokenizer.from_pretrained(model)))
     written = sorted(out.glob("data_*.pt"))
-    assert len(written) == len(expected) == 48
+    assert len(written) == len(expected) == KILLED_RUN_SAMPLES
     assert not list(out.glob(".*.tmp"))
     for sample in expected:
         saved = torch.load(out / f"data_{sample.index}.pt", weights_only=True)

@@ -320,7 +320,8 @@ class WorkerFiles:
     def describe(self, how: str) -> dict[str, Any]:
         """``how`` the states got here, how many replies it split and files it wrote, whether
         its host copies were page-locked, and where its time went (:attr:`seconds`)."""
-        seconds = {step: round(s, 3) for step, s in sorted(self.seconds.items())}
+        # microseconds: a step of a tiny test's sample takes less than a millisecond
+        seconds = {step: round(s, 6) for step, s in sorted(self.seconds.items())}
         return {"how": how, "replies": self.replies, "written": self.written,
                 "pinned": self.pinned, "seconds": seconds}  # fmt: skip
 
