@@ -16,15 +16,11 @@ writes the states must stay under):
   to disk, with each hand-off (the files are compared: equal tensor for tensor, or the
   worst relative error where batches differ);
 - ``extract_worker``: the same, vLLM's worker writing the files itself
-  (``specshim.runner.worker_writer``), which reports where its time went; variants for
-  comparison, set in the worker before the run: ``extract_worker@crc=off`` (``torch.save``
-  computes no zip checksums; ``torch.load`` never reads them), ``extract_worker@pending_mib=N``
-  (the cap on states waiting in host memory, :data:`worker_writer.PENDING_BYTES`),
-  ``extract_worker@save=off`` (the worker's files left empty: the generator's loop, the
-  fetches and the copies alone; its files are not compared), combinable
-  (``extract_worker@crc=off@pending_mib=512``); any ``extract_*`` path also takes
-  ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``, ``extract``'s engine steps
-  (``extract.EngineSteps``; vLLM's ``LLM`` on an H200 takes 16,384 tokens a step);
+  (``specshim.runner.worker_writer``), which reports where its time went; any ``extract_*``
+  path also takes ``@writers=N`` (the worker's writer processes,
+  ``SPECSHIM_WRITER_PROCESSES``), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
+  ``extract``'s engine steps (``extract.EngineSteps``; vLLM's ``LLM`` on an H200 takes
+  16,384 tokens a step);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
   speculators 0.3/0.4's files: in vLLM's worker, through specshim's connector
   (``specshim.runner.native_connector``), where the installed vLLM allows it;
@@ -38,7 +34,7 @@ writes the states must stay under):
 - ``disk_writer``: the same on ``specshim extract``'s writer threads.
 
     python benchmarks/gpu_extraction.py [--prompts 512 --length 512 --hidden 2048 --layers 16]
-        [--paths vllm_prefill,native,extract_worker,extract_worker@crc=off,disk_writer]
+        [--paths vllm_prefill,native,extract_engine,extract_engine@writers=4,disk,disk_writer]
 
 The model is a Llama with random bf16 weights, built here (no download).
 """
@@ -48,11 +44,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import random
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -193,25 +189,6 @@ def _generator(model: str, prompts: list[list[int]], max_len: int, how: str) -> 
     return _timed(run, prompts, timers)
 
 
-def _worker_variant(worker: Any, settings: dict[str, str]) -> None:
-    """Run in vLLM's worker: the ``extract_worker@key=value`` settings (see the docstring)."""
-    import torch
-
-    from specshim.runner import worker_writer
-
-    for key, value in settings.items():
-        if key == "crc":
-            torch.serialization.set_crc32_options(value != "off")
-        elif key == "pending_mib":
-            worker_writer.PENDING_BYTES = int(value) << 20
-        elif key == "save" and value == "off":  # the loop and copies alone: empty files
-            worker_writer.files = types.SimpleNamespace(save_torch=lambda path, _: path.touch())
-        else:
-            raise ValueError(
-                f"extract_worker@{key}={value}: expected crc=off, save=off or pending_mib=N"
-            )
-
-
 def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict[str, Any]:
     import contextlib
 
@@ -220,12 +197,19 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
 
     handoff, *variant = mode.removeprefix("extract_").split("@")
     settings = dict(v.split("=", 1) for v in variant)
+    if "writers" in settings:  # read where vLLM's worker makes its writer (a fresh process)
+        os.environ[worker_writer.WRITERS_VARIABLE] = settings.pop("writers")
     if settings.pop("read_back", "off") == "on":
         native.writes_in_worker = lambda: False
     steps = extract.EngineSteps(
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))
     )  # fmt: skip
+    if settings:
+        raise ValueError(
+            f"{mode}: unknown settings {sorted(settings)}; expected writers, read_back, "
+            "max_num_seqs or max_num_batched_tokens"
+        )
     backend = handoff if handoff in ("native", "engine") else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
     started = extract._generator
@@ -242,7 +226,6 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
                 yield generator
                 worker.extend(generator.llm.collective_rpc("specshim_engine_state"))
                 return
-            generator.executor.collective_rpc(_worker_variant, args=(settings,))
             timers.wrap(generator.executor, "execute_model")
             timers.wrap(generator.executor, "collective_rpc", by_first_argument=True)
             yield generator
@@ -370,7 +353,7 @@ def main() -> None:
               + (f" steps: at most {found['steps']}" if found.get("steps") else "")
               + (f" worker: {found['handoff']}" if found.get("handoff") else ""),
               file=sys.stderr, flush=True)  # fmt: skip
-    written = [m for m in rates if m.startswith("extract_") and "@save=off" not in m]
+    written = [m for m in rates if m.startswith("extract_")]
     for mode in written[1:]:
         compared, worst = compare_files(work / written[0], work / mode)
         how = f"within relative error {worst:.1e} of" if worst else "equal, tensor for tensor,"

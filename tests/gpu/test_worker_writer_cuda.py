@@ -33,7 +33,7 @@ def test_checks_on_the_gpu_refuse_what_the_host_checks_refuse(tmp_path, bad, pro
         layers[1][3:7] = 0
     else:
         layers[1][5, 7] = bad
-    writer = WorkerFiles(layers=[4, 8], threads=1)  # the samples are taken in order
+    writer = WorkerFiles(layers=[4, 8], writers=1)  # one process: the samples are written in order
     writer.expect(batch)
     reply = writer.reply([t.clone() for t in layers])
     assert [(tuple(t.shape), t.device.type) for t in reply] == [((9, 0), "cpu")] * 2

@@ -14,7 +14,8 @@ from vllm import SamplingParams
 
 from specshim.runner import native
 from specshim.runner.engine_loop import KEPT, StepCapture
-from specshim.runner.worker_writer import Expected, WorkerFiles
+from specshim.runner.samples import Expected
+from specshim.runner.worker_writer import WorkerFiles
 
 LAYERS = [1, 3]
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from specshim.runner import native
-from specshim.runner.worker_writer import Expected
+from specshim.runner.samples import Expected
 
 
 class Connector:

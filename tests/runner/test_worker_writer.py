@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specshim.runner.worker_writer import Expected, WorkerFiles
+from specshim.runner.samples import Expected
+from specshim.runner.worker_writer import WorkerFiles
 
 
 def expected(tmp_path: Path, lengths: list[int]) -> list[Expected]:
@@ -67,9 +68,17 @@ def test_the_worker_says_where_its_time_went(tmp_path) -> None:
     assert worker_writer._finished(worker, wait=True) == [(str(tmp_path / "data_0.pt"), None)]
     found = worker_writer.state(worker)
     assert found is not None and found["written"] == 1 and found["replies"] == 1
-    assert {"answer", "fetch", "split", "room", "copied", "check", "save", "save_cpu"} <= set(
-        found["seconds"]
-    )
+    assert {
+        "answer",
+        "fetch",
+        "split",
+        "hold",
+        "room",
+        "copies",
+        "check",
+        "save",
+        "save_cpu",
+    } <= set(found["seconds"])
     assert found["seconds"]["save"] > 0
     assert found["seconds"]["answer"] >= found["seconds"]["fetch"] + found["seconds"]["split"]
 
@@ -137,7 +146,7 @@ def test_a_refused_sample_is_not_written_and_stops_the_writing(tmp_path) -> None
     batch = expected(tmp_path, [2, 2, 2])
     states = torch.ones(6, 4)
     states[3, 1] = float("nan")  # the second sample's
-    writer = WorkerFiles(layers=[5], threads=1)  # the samples are taken in order
+    writer = WorkerFiles(layers=[5], writers=1)  # one process: the samples are written in order
     writer.expect(batch)
     writer.reply([states])
     done = dict(writer.finished(wait=True))
@@ -145,3 +154,47 @@ def test_a_refused_sample_is_not_written_and_stops_the_writing(tmp_path) -> None
     assert done[batch[1].path] == "line 2 (data_1.pt), layer 5: states hold NaN or Inf; " \
         "refusing to write them"  # fmt: skip
     assert not Path(batch[1].path).exists() and not Path(batch[2].path).exists()
+
+
+def test_a_ring_smaller_than_the_batch_waits_for_room_and_writes_every_file(tmp_path) -> None:
+    """Twelve samples of 256 KiB through a ring of 1 MiB (the smallest it holds): the worker
+    waits for the writers to give room back, round the ring several times, and every file
+    holds its own sample."""
+    batch = expected(tmp_path, [64] * 12)
+    states = [torch.randn(64, 2048) for _ in range(12)]
+    writer = WorkerFiles(layers=[2], writers=2, ring_bytes=1 << 20)
+    writer.expect(batch)
+    writer.reply([torch.cat(states)])
+    assert sorted(writer.finished(wait=True)) == sorted((e.path, None) for e in batch)
+    assert writer.describe("worker")["ring_bytes"] == 1 << 20
+    assert writer.seconds["room"] > 0
+    assert_written(batch, [[t] for t in states])
+
+
+def test_a_sample_larger_than_the_ring_grows_it(tmp_path) -> None:
+    batch = expected(tmp_path, [16, 1024])  # 64 KiB, then 8 MiB
+    states = [
+        torch.randn(16, 1024, dtype=torch.float64),
+        torch.randn(1024, 1024, dtype=torch.float64),
+    ]
+    writer = WorkerFiles(layers=[1], writers=1, ring_bytes=1 << 20)
+    writer.expect(batch[:1])
+    writer.reply([states[0]])
+    assert writer.describe("worker")["ring_bytes"] == 1 << 20
+    writer.expect(batch[1:])
+    writer.reply([states[1]])
+    assert len(writer.finished(wait=True)) == 2
+    assert writer.describe("worker")["ring_bytes"] >= 8 << 20
+    assert_written(batch, [[t] for t in states])
+
+
+def test_a_writer_process_that_dies_is_named_for_the_samples_it_held(tmp_path) -> None:
+    writer = WorkerFiles(layers=[1], writers=1)
+    writer.start()
+    (process,) = writer._processes._processes  # the one process, killed before any sample
+    process.popen.kill()
+    writer.expect(expected(tmp_path, [2]))
+    writer.reply([torch.ones(2, 4)])
+    ((path, problem),) = writer.finished(wait=True)
+    assert path == str(tmp_path / "data_0.pt") and not Path(path).exists()
+    assert problem == f"writer process {process.popen.pid} exited with code -9 before writing it"

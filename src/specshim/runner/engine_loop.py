@@ -39,7 +39,8 @@ from typing import Any
 
 from specshim.adapters.worker.worker_batch_order_v2 import STEP
 from specshim.runner import native
-from specshim.runner.worker_writer import Expected, WorkerFiles
+from specshim.runner.samples import Expected
+from specshim.runner.worker_writer import WorkerFiles
 
 #: ``extra_args`` key of a request whose states the worker keeps for the caller (not announced).
 KEPT = "specshim_kept"

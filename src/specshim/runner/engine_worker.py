@@ -29,7 +29,9 @@ class EngineCapture(HiddenStatesWorkerExtension):  # type: ignore[misc]  # specu
         if get_tp_group().rank_in_group != 0:  # speculators' forward captures nothing here
             return False
         runner = self.model_runner
-        capture = StepCapture(runner, WorkerFiles(layers))
+        writer = WorkerFiles(layers)
+        writer.start()
+        capture = StepCapture(runner, writer)
         execute = runner.execute_model
 
         def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:

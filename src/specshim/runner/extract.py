@@ -38,6 +38,7 @@ from specshim import console
 from specshim.runner import dataset, engine_loop, files, native, worker_writer
 from specshim.runner import handoff as handoffs
 from specshim.runner.progress import Progress
+from specshim.runner.samples import Expected, sample_problem
 
 MANIFEST = "specshim_extract.json"
 LEDGER = "specshim_extract_done.jsonl"
@@ -414,7 +415,7 @@ def _checked(
     before the file is written (:meth:`files.BackgroundWriter.submit`)."""
     states = _checked_ids(result, sample, limit, layers)
     where = f"line {sample.line} ({sample_file(sample)})"
-    if problem := worker_writer.sample_problem(where, layers, states, len(states[0])):
+    if problem := sample_problem(where, layers, states, len(states[0])):
         raise ExtractionError(problem)
     return dataset.record(result["input_ids"], states, sample.loss_mask[:limit])
 
@@ -630,7 +631,7 @@ class _WorkerWrites:
         for sample in batch:
             path = str(self.out / sample_file(sample))
             self._pending[path] = sample
-            expected.append(worker_writer.Expected(
+            expected.append(Expected(
                 path, sample.input_ids[: self.limit], sample.loss_mask[: self.limit],
                 f"line {sample.line} ({sample_file(sample)})",
             ))  # fmt: skip

@@ -36,6 +36,7 @@ generator opts in with ``handoff.use(generator, "shm")``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import mmap
@@ -116,7 +117,8 @@ def shareable(states: Any) -> Any:
 # ---- shm: one shared host buffer ------------------------------------------------------------
 
 
-def _aligned(nbytes: int) -> int:
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to :data:`ALIGNMENT`."""
     return -(-nbytes // ALIGNMENT) * ALIGNMENT
 
 
@@ -127,6 +129,11 @@ def _map(path: Path, size: int) -> Any:
     with path.open("r+b") as f:
         memory = mmap.mmap(f.fileno(), size)
     return torch.frombuffer(memory, dtype=torch.uint8)
+
+
+#: Numbers the buffers of this process (a worker may hold more than one: the ``shm`` hand-off's
+#: and the worker writer's ring).
+_BUFFERS_MADE = itertools.count()
 
 
 class HostBuffer:
@@ -146,17 +153,15 @@ class HostBuffer:
         self.size = 0
         self.pinned = False
         self.memory: Any = None
-        self._made = 0
 
     def hold(self, nbytes: int, cuda: bool) -> Any:
         """The buffer, at least ``nbytes`` long (grown by half at least, to whole MiB)."""
         if nbytes <= self.size:
             return self.memory
-        size = _aligned(max(nbytes, self.size * 3 // 2, 1)) + (1 << 20) - 1
+        size = aligned(max(nbytes, self.size * 3 // 2, 1)) + (1 << 20) - 1
         size -= size % (1 << 20)
-        self._release()
-        path = self.directory / f"{BUFFER_PREFIX}{os.getpid()}-{self._made}"
-        self._made += 1
+        self.release()
+        path = self.directory / f"{BUFFER_PREFIX}{os.getpid()}-{next(_BUFFERS_MADE)}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(fd, 0, size)
@@ -175,7 +180,8 @@ class HostBuffer:
         register = getattr(torch.cuda.cudart(), "cudaHostRegister", None)
         return register is not None and int(register(self.memory.data_ptr(), self.size, 0)) == 0
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """Unmap the buffer (unregistered first where page-locked) and remove its file."""
         if self.pinned:
             import torch
 
@@ -188,7 +194,7 @@ class HostBuffer:
         """Copy every tensor of ``states`` into the buffer; the reply that names them."""
         tensors = _tensors(states)
         cuda = any(t.is_cuda for t in tensors)
-        memory = self.hold(sum(_aligned(t.numel() * t.element_size()) for t in tensors), cuda)
+        memory = self.hold(sum(aligned(t.numel() * t.element_size()) for t in tensors), cuda)
         views: dict[int, _HostView] = {}
         offset = 0
         for tensor in tensors:
@@ -198,7 +204,7 @@ class HostBuffer:
             views[id(tensor)] = _HostView(
                 str(self.path), self.size, offset, tensor.dtype, tuple(tensor.shape)
             )
-            offset += _aligned(nbytes)
+            offset += aligned(nbytes)
         if cuda:
             import torch
 

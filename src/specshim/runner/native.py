@@ -43,7 +43,7 @@ from typing import Any
 
 from specshim import console
 from specshim.runner import files
-from specshim.runner.worker_writer import PENDING_BYTES, Expected
+from specshim.runner.samples import Expected
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
 #: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18),
@@ -60,6 +60,9 @@ OWN_CONNECTOR = ("specshim.runner.native_connector", "SpecshimHiddenStatesConnec
 #: where it came from (for messages). Not under ``kv_transfer_params``: vLLM warns for each
 #: such request where no connector runs (the engine backend).
 ANNOUNCED = "specshim_sample"
+#: States (bytes) that may wait in vLLM's host memory for its connector's writer threads
+#: (:class:`NativeFiles`); beyond that, announcing waits for the oldest files.
+PENDING_BYTES = 4 << 30
 #: What the connector writes in a request's lock file once the sample's file is in place (else
 #: the problem that kept it from being written).
 WRITTEN = "written"
@@ -298,7 +301,7 @@ class NativeFiles(Announcements):
     ``generate`` returns before the worker's files are written, and vLLM's connector keeps
     each finished request's states in host memory until its writer threads save them, with
     no bound of its own: :meth:`expect` waits for the oldest files while more than
-    :data:`specshim.runner.worker_writer.PENDING_BYTES` of states (``bytes_per_token`` each
+    :data:`PENDING_BYTES` of states (``bytes_per_token`` each
     token) would be waiting, as the ``worker`` hand-off does."""
 
     def __init__(self, bytes_per_token: int) -> None:

@@ -37,7 +37,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
 from specshim import console
-from specshim.runner import dataset, files, native, worker_writer
+from specshim.runner import dataset, files, native
+from specshim.runner.samples import sample_problem
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
                 f"{len(said['loss_mask'])}; refusing to write them"
             )
         where, layers = said["where"], self._specshim_layers
-        if problem := worker_writer.sample_problem(where, layers, states, len(token_ids)):
+        if problem := sample_problem(where, layers, states, len(token_ids)):
             return problem
         files.save_torch(Path(said["file"]), dataset.record(token_ids, states, said["loss_mask"]))
         return native.WRITTEN

@@ -7,17 +7,22 @@ layer at a time (``.clone().cpu()``, pageable): on the H200 that loop was what h
 in the worker. Before each ``generate`` the caller tells the worker what the batch is
 (:meth:`WorkerFiles.expect`: each sample's file, token ids and loss mask); when the generator
 fetches the captured states, the worker takes the announced samples the reply holds, splits
-the states per request exactly as the generator would, copies them into page-locked host memory
-on a side stream, and its writer threads check each sample (:func:`state_problem`) and write
-``data_{i}.pt`` atomically (fsynced, renamed into place: :func:`specshim.runner.files.save_torch`).
+the states per request exactly as the generator would and copies them, on a side stream, into
+one shared ring of host memory (:mod:`specshim.runner.host_ring`; page-locked once, on a GPU),
+each layer's ``(min, max)`` computed on the GPU beside them; its writer processes
+(:mod:`specshim.runner.writer_processes`: outside the worker's GIL, which vLLM's engine loop
+needs) check each sample (:func:`specshim.runner.samples.sample_problem`) and write
+``data_{i}.pt`` atomically (fsynced, renamed into place: :func:`specshim.runner.files.save_torch`)
+from that memory.
 The generator receives states of the same shapes with no columns (``[tokens, 0]``), so its own
 loop costs nothing; the caller checks their token counts and records each file in the ledger
 once the worker says it is in place (:meth:`WorkerFiles.finished`). The files hold the tensors
 the generator would have returned, bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu
-on the H200). Measured on the H200 with the disk out of the way: 1.5 times the ``ipc``
-hand-off's speed, 0.30 of vLLM's prefill; :attr:`WorkerFiles.seconds` says where the time goes
-(docs/benchmarks.md section 6, run 7: not in the writers' CPU, which the checks computed on
-the GPU lowered without changing the rate).
+on the H200). :attr:`WorkerFiles.seconds` says where the time goes. Measured on the H200 with
+the disk out of the way, writing on threads in the worker: 1.5 times the ``ipc`` hand-off's
+speed, 0.30 of vLLM's prefill (run 7), and under the engine backend's loop 0.32, its threads'
+``torch.save`` taking 5.6 s of CPU in a 2.6 s run beside the loop (run 8): hence the processes
+(docs/benchmarks.md section 6).
 
 How the worker splits a reply is each speculators release's own: 0.3.0 replies one tensor per
 layer, the call's requests concatenated in input order (the generator slices them by prompt
@@ -41,69 +46,38 @@ import collections
 import contextlib
 import functools
 import itertools
+import os
 import re
-import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from specshim.runner import dataset, files
-from specshim.runner.handoff import each_tensor
+from specshim.runner import files
+from specshim.runner.handoff import aligned, each_tensor
+from specshim.runner.host_ring import HostRing
+from specshim.runner.samples import Expected
+from specshim.runner.writer_processes import WRITER_PROCESSES, WriteJob, WriterProcesses, Written
 
 #: The worker attribute holding its :class:`WorkerFiles`.
 _STATE = "_specshim_worker_files"
-#: States (bytes) that may wait to be written in the worker's host memory; beyond that a
-#: fetch waits for the oldest (:meth:`WorkerFiles.reply`).
-PENDING_BYTES = 4 << 30
+#: The size of the ring the states wait in for their writer processes (one sample larger than
+#: it grows it): the host memory the worker's states take, page-locked on a GPU.
+RING_BYTES = 1 << 30
+#: The environment variable that sets how many writer processes a worker starts (default:
+#: :data:`specshim.runner.writer_processes.WRITER_PROCESSES`).
+WRITERS_VARIABLE = "SPECSHIM_WRITER_PROCESSES"
 
 
-def state_problem(state: Any, tokens: int, extremes: Any = None) -> str | None:
-    """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
-
-    One pass of ``aminmax`` (it propagates NaN; Inf is an end): ``isfinite(...).all()`` plus
-    ``any()`` cost 11 of 15 s of an extraction on the H200 (docs/benchmarks.md), this about
-    a tenth of that on the CPU. ``extremes``: the states' ``(min, max)`` where they are known
-    already (the worker computes them on the GPU, beside the copies to the host)."""
-    import torch
-
-    if state.shape[0] != tokens:
-        return f"states for {state.shape[0]} tokens, the row has {tokens}"
-    low, high = torch.aminmax(state) if extremes is None else extremes
-    if not (torch.isfinite(low) and torch.isfinite(high)):
-        return "states hold NaN or Inf"
-    if low == 0 and high == 0:
-        return "states are all zero"
-    return None
-
-
-def sample_problem(
-    where: str, layer_ids: list[int], states: list[Any], tokens: int, extremes: Any = None
-) -> str | None:
-    """What keeps one sample's per-layer states (``layer_ids``' order) from being written, as
-    the line the user sees (it names ``where`` and the layer), or None. ``extremes``: the
-    layers' ``[layers, 2]`` (min, max) where known (:func:`state_problem`)."""
-    for place, (layer, state) in enumerate(zip(layer_ids, states, strict=True)):
-        known = None if extremes is None else extremes[place]
-        if found := state_problem(state, tokens, known):
-            return f"{where}, layer {layer}: {found}; refusing to write them"
-    return None
-
-
-#: One sample's per-layer states on the host, and their ``[layers, 2]`` extremes where known.
-OnHost = tuple[list[Any], Any]
-
-
-@dataclass(frozen=True)
-class Expected:
-    """One announced sample: where its file goes and what it is made of."""
-
-    path: str
-    input_ids: list[int]
-    loss_mask: list[int]
-    where: str  # "line 7 (data_6.pt)", for messages
+def writers_from_environment() -> int:
+    """:data:`WRITERS_VARIABLE` as a number of processes, or the default where unset."""
+    value = os.environ.get(WRITERS_VARIABLE, "")
+    if not value:
+        return WRITER_PROCESSES
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{WRITERS_VARIABLE}={value!r}: expected a whole number from 1")
+    return int(value)
 
 
 #: speculators' request ids, ``req_{call}_{i}``: ``i`` is the prompt's place in that call.
@@ -129,41 +103,61 @@ def positions(keys: Iterable[str]) -> dict[int, str]:
 
 
 @dataclass
+class _Copying:
+    """A job whose states are being copied into the ring; ``copied``: the CUDA event after
+    the copies, None where they are done (on the CPU)."""
+
+    job: WriteJob
+    copied: Any
+
+
+@dataclass
 class WorkerFiles:
-    """The worker's side: the announced samples not yet fetched, the writer threads, what
-    they finished.
+    """The worker's side: the announced samples not yet fetched, the ring and the writer
+    processes, what they finished.
 
     specshim's ``request_batching`` adapter splits one ``generate`` into calls that one
     scheduler step can finish, each with its own fetch; each fetch takes as many announced
-    samples, in order, as its reply holds."""
+    samples, in order, as its reply holds. Everything here runs on the worker's own thread,
+    without threads of its own: what is copied is handed out, and what was written collected,
+    at each write and each :meth:`finished`."""
 
     layers: list[int]
-    #: Writer threads: several, since one file's fsync leaves the disk waiting.
-    threads: int = files.WRITER_THREADS
+    writers: int = field(default_factory=writers_from_environment)
+    ring_bytes: int = RING_BYTES
     replies: int = 0
     written: int = 0
-    pinned: bool = False
-    #: Seconds spent, by step. On the worker's own thread: ``fetch`` (speculators'
-    #: ``_get_captured_states``), ``split``, ``room`` (waiting for the writers while the pending
-    #: bytes are at :data:`PENDING_BYTES`), ``pin`` (allocating page-locked memory), ``copies``
-    #: (issuing the copies to it), ``answer`` (all of one fetch's reply: what the caller's
-    #: timer around the RPC holds beyond it is the RPC's own; run 7 left 0.55 s of 0.86 s in
-    #: none of the steps above). On the writer threads, summed over them: ``copied`` (waiting
-    #: for the copies), ``check``, ``save`` (wall) and ``save_cpu`` (the thread's own CPU time;
-    #: the rest of ``save`` it waited, for the disk or for the GIL).
+    #: Seconds spent, by step. On the worker's thread: ``fetch`` (speculators'
+    #: ``_get_captured_states``), ``split``, ``hold`` (making the ring: allocating and
+    #: page-locking it), ``room`` (waiting for the writers while the ring is full),
+    #: ``copies`` (issuing the copies into it, the checks' extremes computed on the GPU
+    #: beside them), ``copied`` (waiting for copies to end, where it had to), ``answer`` (all
+    #: of one fetch's reply). In the writer processes, summed over them: ``check``, ``save``
+    #: (wall) and ``save_cpu`` (the process's CPU time in it; the rest it waited for the disk).
     seconds: collections.defaultdict[str, float] = field(
         default_factory=lambda: collections.defaultdict(float)
     )
     _queue: collections.deque[Expected] = field(default_factory=collections.deque)
-    _pending: collections.deque[tuple[list[Future[None]], int]] = field(
-        default_factory=collections.deque
-    )
+    _copying: collections.deque[_Copying] = field(default_factory=collections.deque)
     _done: list[tuple[str, str | None]] = field(default_factory=list)
     _failed: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _ring: HostRing = field(default_factory=HostRing)
+    _stream: Any = None
 
     def __post_init__(self) -> None:
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="specshim-worker-writer")
+        self._processes = WriterProcesses(self.writers)
+        weakref.finalize(self, _close, self._processes, self._ring)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the ring is page-locked (on a CUDA device, where ``cudaHostRegister``
+        took it)."""
+        return self._ring.buffer.pinned
+
+    def start(self) -> None:
+        """Start the writer processes now (they take seconds to import torch; otherwise they
+        start with the first sample)."""
+        self._processes.start()
 
     def expect(self, batch: list[Expected]) -> None:
         """The next fetches are for ``batch``, in input order."""
@@ -179,14 +173,13 @@ class WorkerFiles:
             )
 
     @contextlib.contextmanager
-    def _clock(self, step: str, clock: Callable[[], float] = time.perf_counter) -> Iterator[None]:
+    def _clock(self, step: str) -> Iterator[None]:
         """Add the seconds spent inside to :attr:`seconds` [step]."""
-        start = clock()
+        start = time.perf_counter()
         try:
             yield
         finally:
-            with self._lock:
-                self.seconds[step] += clock() - start
+            self.seconds[step] += time.perf_counter() - start
 
     def answer(self, fetch: Callable[[], Any]) -> Any:
         """Fetch the captured states with speculators' own ``fetch`` and :meth:`reply`."""
@@ -207,16 +200,28 @@ class WorkerFiles:
         return each_tensor(states, _columnless)
 
     def write(self, batch: list[Expected], per_sample: list[list[Any]]) -> None:
-        """Hand the writer threads ``batch``, each sample with its per-layer states (still on
-        the device): copied to the host now, checked and written on the threads."""
-        if not batch:
+        """Copy ``batch``'s per-layer states (on the device) into the ring, and hand each
+        sample to a writer process once its copies are done."""
+        self._hand_out()
+        if not batch or self._failed:  # the writing stops at the first refusal
             return
-        nbytes = sum(t.numel() * t.element_size() for layers in per_sample for t in layers)
-        with self._clock("room"):
-            self._wait_for_room(nbytes)
-        host = self._to_host(per_sample)
-        jobs = [self._pool.submit(self._write, e, h) for e, h in zip(batch, host, strict=True)]
-        self._pending.append((jobs, nbytes))
+        self.start()
+        cuda = per_sample[0][0].is_cuda
+        sizes = [_span(layers, cuda) for layers in per_sample]
+        if not self._ring.size:
+            with self._clock("hold"):
+                self._hold(max(max(sizes), min(self.ring_bytes, 4 * sum(sizes))), cuda)
+        if cuda:
+            import torch
+
+            self._stream = self._stream or torch.cuda.Stream()
+            self._stream.wait_stream(torch.cuda.current_stream())
+        for expected, layers, nbytes in zip(batch, per_sample, sizes, strict=True):
+            with self._clock("room"):
+                start = self._room(nbytes, cuda)
+            with self._clock("copies"):
+                self._copying.append(self._copy(expected, layers, start, cuda))
+        self._hand_out()
 
     def split(self, states: Any) -> tuple[list[Expected], list[list[Any]]]:
         """The announced samples this reply holds, and each one's per-layer states, sliced as
@@ -250,102 +255,128 @@ class WorkerFiles:
             f"dict of request id to such a list, found {type(states).__name__}"
         )
 
-    def _wait_for_room(self, nbytes: int) -> None:
-        """Block the worker while the states being written, with these, would pass
-        :data:`PENDING_BYTES` (one fetch's are always let through): bounds the host memory."""
-        while self._pending and sum(n for _, n in self._pending) + nbytes > PENDING_BYTES:
-            jobs, _ = self._pending.popleft()
-            for job in jobs:
-                job.result()
+    def _hold(self, nbytes: int, cuda: bool) -> None:
+        """Make the ring ``nbytes`` long; ``/dev/shm`` without the room is told in one line."""
+        try:
+            self._ring.hold(nbytes, cuda)
+        except OSError as exc:
+            raise RuntimeError(
+                f"worker writer: could not hold {files.size(nbytes)} of states in "
+                f"{self._ring.buffer.directory} ({exc.strerror or exc}): give it more room "
+                "(Docker: --shm-size), or use extract --handoff shm or rpc"
+            ) from None
 
-    def _to_host(self, per_sample: list[list[Any]]) -> list[Callable[[], OnHost]]:
-        """For each sample, a function giving its per-layer states on the host, each its own
-        tensor (``torch.save`` writes a view's whole storage), with their extremes where known.
-        On a CUDA device the copies go to page-locked memory on a side stream now, with each
-        layer's ``(min, max)`` computed there (the writers' checks on the host were the
-        largest CPU cost after the writes themselves, docs/benchmarks.md run 7), and the
-        function waits for them; on the CPU it clones."""
+    def _room(self, nbytes: int, cuda: bool) -> int:
+        """Where in the ring ``nbytes`` go: taken once the writers have given back enough;
+        a sample larger than the whole ring grows it (once every other one is written)."""
+        while (start := self._ring.take(nbytes)) is None:
+            if self._ring.spans:
+                self._hand_out(wait=True)
+            else:
+                with self._clock("hold"):
+                    self._hold(nbytes, cuda)
+        return start
+
+    def _copy(self, expected: Expected, layers: list[Any], start: int, cuda: bool) -> _Copying:
+        """Copy one sample's layers into the ring at ``start``: on a CUDA device on the side
+        stream, each layer's ``(min, max)`` computed there and copied after them (the checks
+        on the host were the largest CPU cost after the writes, docs/benchmarks.md run 7)."""
         import torch
 
-        if not per_sample or not per_sample[0] or not per_sample[0][0].is_cuda:
-            return [functools.partial(_cloned, layers) for layers in per_sample]
-        with self._clock("pin"):
-            copies = [
-                [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in layers]
-                for layers in per_sample
-            ]
-            extremes = torch.empty((len(per_sample), len(per_sample[0]), 2), pin_memory=True)
-        with self._clock("copies"):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for host, layers in zip(copies, per_sample, strict=True):
-                    for place, t in zip(host, layers, strict=True):
-                        place.copy_(t, non_blocking=True)
-                        t.record_stream(side)  # not reused before the copy is done
-                found = torch.stack(
-                    [torch.stack(torch.aminmax(t)) for layers in per_sample for t in layers]
-                )
-                extremes.copy_(found.float().view(extremes.shape), non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(side)
-        self.pinned = True
-        return [
-            functools.partial(_when_copied, done, host, extremes[i])
-            for i, host in enumerate(copies)
-        ]
+        memory, places, views = self._ring.memory, [], []
+        offset = start
+        for t in layers:
+            nbytes = t.numel() * t.element_size()
+            views.append(memory[offset : offset + nbytes].view(t.dtype).view(t.shape))
+            places.append((offset, tuple(t.shape)))
+            offset += aligned(nbytes)
+        extremes_at, copied = None, None
+        if cuda:
+            with torch.cuda.stream(self._stream):
+                for view, t in zip(views, layers, strict=True):
+                    view.copy_(t, non_blocking=True)
+                    t.record_stream(self._stream)  # not reused before the copy is done
+                found = torch.stack([torch.stack(torch.aminmax(t)) for t in layers]).float()
+                place = memory[offset : offset + found.numel() * 4].view(torch.float32)
+                place.view(found.shape).copy_(found, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record(self._stream)
+            extremes_at = offset
+        else:
+            for view, t in zip(views, layers, strict=True):
+                view.copy_(t)
+        ring = (str(self._ring.buffer.path), self._ring.size)
+        dtype = str(layers[0].dtype).removeprefix("torch.")
+        job = WriteJob(start, expected, self.layers, ring, dtype, places, extremes_at)
+        return _Copying(job, copied)
 
-    def _write(self, expected: Expected, states: Callable[[], OnHost]) -> None:
-        """On a writer thread: check the sample's states and write its file; the problem that
-        kept it from being written, or None."""
-        if self._failed:
+    def _hand_out(self, wait: bool = False) -> None:
+        """Hand the copied samples, in order, to the writer processes that have room, and
+        collect what they wrote; with ``wait``, wait for the copies and for one answer at
+        least (the ring's room comes back with answers)."""
+        for written in self._processes.answers(0):  # a refusal stops what follows
+            self._answered(written)
+        while self._copying:
+            head = self._copying[0]
+            if head.copied is not None and not head.copied.query():
+                if not wait:
+                    break
+                with self._clock("copied"):
+                    head.copied.synchronize()
+            if self._failed:  # the writing stops at the first refusal
+                self._ring.give_back(head.job.key)
+            elif not self._processes.submit(head.job):
+                break
+            self._copying.popleft()
+        if wait:
+            for written in self._processes.answers(None):
+                self._answered(written)
+
+    def _answered(self, written: Written) -> None:
+        self._ring.give_back(written.key)
+        for step, seconds in written.seconds.items():
+            self.seconds[step] += seconds
+        if written.skipped:
             return
-        with self._clock("copied"):
-            layers, extremes = states()
-        with self._clock("check"):
-            tokens = len(expected.input_ids)
-            problem = sample_problem(expected.where, self.layers, layers, tokens, extremes)
-        if problem is None:
-            record = dataset.record(expected.input_ids, layers, expected.loss_mask)
-            try:
-                with self._clock("save"), self._clock("save_cpu", time.thread_time):
-                    files.save_torch(Path(expected.path), record)
-            except Exception as exc:  # noqa: BLE001 a failed write, told to the caller
-                problem = f"writing extracted samples failed: {exc}"
-        with self._lock:
-            self._failed = self._failed or problem is not None
-            self.written += problem is None
-            self._done.append((expected.path, problem))
+        self._failed = self._failed or written.problem is not None
+        self.written += written.problem is None
+        self._done.append((written.path, written.problem))
 
     def describe(self, how: str) -> dict[str, Any]:
         """``how`` the states got here, how many replies it split and files it wrote, whether
-        its host copies were page-locked, and where its time went (:attr:`seconds`)."""
+        its ring was page-locked, how many writer processes, and where its time went
+        (:attr:`seconds`)."""
         # microseconds: a step of a tiny test's sample takes less than a millisecond
         seconds = {step: round(s, 6) for step, s in sorted(self.seconds.items())}
         return {"how": how, "replies": self.replies, "written": self.written,
-                "pinned": self.pinned, "seconds": seconds}  # fmt: skip
+                "pinned": self.pinned, "writers": self.writers, "ring_bytes": self._ring.size,
+                "seconds": seconds}  # fmt: skip
 
     def finished(self, wait: bool) -> list[tuple[str, str | None]]:
         """The files finished since the last call, each with the problem that kept it from
         being written (None: in place); with ``wait``, once every file handed over is, and
         every announced sample was fetched."""
+        self._hand_out()
         if wait:
-            while self._pending:
-                for job in self._pending.popleft()[0]:
-                    job.result()
+            while self._copying or self._processes.out:
+                self._hand_out(wait=True)
             self.check_fetched()
-        with self._lock:
-            done, self._done = self._done, []
+        done, self._done = self._done, []
         return done
 
 
-def _cloned(layers: list[Any]) -> OnHost:
-    return [t.clone() for t in layers], None
+def _span(layers: list[Any], cuda: bool) -> int:
+    """The ring bytes one sample takes: its layers, and on a GPU their ``[layers, 2]``
+    float32 extremes."""
+    states = sum(aligned(t.numel() * t.element_size()) for t in layers)
+    return states + (aligned(8 * len(layers)) if cuda else 0)
 
 
-def _when_copied(done: Any, host: list[Any], extremes: Any) -> OnHost:
-    done.synchronize()
-    return host, extremes
+def _close(processes: WriterProcesses, ring: HostRing) -> None:
+    """When a :class:`WorkerFiles` goes (or its process ends): the processes leave, the ring
+    is given back."""
+    processes.close()
+    ring.release()
 
 
 def _columnless(tensor: Any) -> Any:
@@ -364,6 +395,7 @@ def _install(worker: Any, layers: list[int]) -> bool:
         return False
     fetch = worker._get_captured_states
     writer = WorkerFiles(layers)
+    writer.start()
     worker._get_captured_states = functools.partial(writer.answer, fetch)
     setattr(worker, _STATE, writer)
     return True

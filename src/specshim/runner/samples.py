@@ -1,0 +1,55 @@
+"""One announced sample, and what keeps a sample's states from being written.
+
+Shared by every path that writes ``data_{i}.pt`` files: ``extract``'s own writer, the worker
+writer (:mod:`specshim.runner.worker_writer`) and its writer processes
+(:mod:`specshim.runner.writer_processes`), and the native connector. Light on imports (torch
+only inside the checks): a writer process imports it before anything else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One announced sample: where its file goes and what it is made of."""
+
+    path: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    where: str  # "line 7 (data_6.pt)", for messages
+
+
+def state_problem(state: Any, tokens: int, extremes: Any = None) -> str | None:
+    """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
+
+    One pass of ``aminmax`` (it propagates NaN; Inf is an end): ``isfinite(...).all()`` plus
+    ``any()`` cost 11 of 15 s of an extraction on the H200 (docs/benchmarks.md), this about
+    a tenth of that on the CPU. ``extremes``: the states' ``(min, max)`` where they are known
+    already (the worker computes them on the GPU, beside the copies to the host)."""
+    import torch
+
+    if state.shape[0] != tokens:
+        return f"states for {state.shape[0]} tokens, the row has {tokens}"
+    low, high = (float(x) for x in (torch.aminmax(state) if extremes is None else extremes))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "states hold NaN or Inf"
+    if low == 0 and high == 0:
+        return "states are all zero"
+    return None
+
+
+def sample_problem(
+    where: str, layer_ids: list[int], states: list[Any], tokens: int, extremes: Any = None
+) -> str | None:
+    """What keeps one sample's per-layer states (``layer_ids``' order) from being written, as
+    the line the user sees (it names ``where`` and the layer), or None. ``extremes``: the
+    layers' ``[layers, 2]`` (min, max) where known (:func:`state_problem`)."""
+    for place, (layer, state) in enumerate(zip(layer_ids, states, strict=True)):
+        known = None if extremes is None else extremes[place]
+        if found := state_problem(state, tokens, known):
+            return f"{where}, layer {layer}: {found}; refusing to write them"
+    return None
