@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from specshim.runner.samples import Expected
+from specshim.runner import dataset, files
+from specshim.runner.samples import Expected, sample_problem
 
 #: Processes a worker starts: half the machine's cores, from one to eight (on the H200's 16
 #: cores, eight: docs/benchmarks.md run 9).
@@ -175,9 +176,6 @@ def write(job: WriteJob, rings: dict[str, mmap.mmap]) -> Written:
     """Check ``job``'s sample and write its file from the ring (mapped once per ring file in
     ``rings``); the answer."""
     import torch
-
-    from specshim.runner import dataset, files
-    from specshim.runner.samples import sample_problem
 
     seconds: dict[str, float] = {}
     path, size = job.ring
