@@ -198,3 +198,56 @@ def test_a_writer_process_that_dies_is_named_for_the_samples_it_held(tmp_path) -
     ((path, problem),) = writer.finished(wait=True)
     assert path == str(tmp_path / "data_0.pt") and not Path(path).exists()
     assert problem == f"writer process {process.popen.pid} exited with code -9 before writing it"
+
+
+def _fake_full_shm(room: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``/dev/shm`` with ``room`` bytes free: ``posix_fallocate`` refuses more, as a full
+    tmpfs does (a fake; this machine's tmpfs is larger than the test needs to refuse)."""
+    import errno
+    import os
+
+    from specshim.runner import handoff
+
+    real = os.posix_fallocate
+
+    def fallocate(fd: int, offset: int, size: int) -> None:
+        if size > room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, offset, size)
+
+    monkeypatch.setattr(handoff.os, "posix_fallocate", fallocate)
+
+
+def test_a_ring_of_the_configured_size_is_held_from_the_first_sample(tmp_path) -> None:
+    """Run 9 on the H200: the ring was sized from the first reply (one sample) and the worker
+    spent most of the run waiting for room; the ring is now ring_bytes from the start."""
+    writer = WorkerFiles(layers=[1], writers=1, ring_bytes=16 << 20)
+    batch = expected(tmp_path, [2])
+    writer.expect(batch)
+    writer.reply([torch.ones(2, 4)])
+    assert writer.describe("worker")["ring_bytes"] == 16 << 20
+    assert writer.finished(wait=True) == [(batch[0].path, None)]
+
+
+def test_a_full_shared_memory_gets_a_smaller_ring(tmp_path, monkeypatch) -> None:
+    """Room for 5 MiB of a ring of 16 MiB: the ring is halved to 4 MiB, every file written."""
+    _fake_full_shm(5 << 20, monkeypatch)
+    batch = expected(tmp_path, [64] * 12)  # 256 KiB each
+    states = [torch.randn(64, 1024) for _ in range(12)]
+    writer = WorkerFiles(layers=[2], writers=2, ring_bytes=16 << 20)
+    writer.expect(batch)
+    writer.reply([torch.cat(states)])
+    assert len(writer.finished(wait=True)) == 12
+    assert writer.describe("worker")["ring_bytes"] == 4 << 20
+    assert_written(batch, [[t] for t in states])
+
+
+def test_shared_memory_without_room_for_one_sample_is_one_line(tmp_path, monkeypatch) -> None:
+    _fake_full_shm(1 << 20, monkeypatch)
+    writer = WorkerFiles(layers=[1], writers=1, ring_bytes=16 << 20)
+    writer.expect(expected(tmp_path, [1024]))  # 4 MiB of float32 states
+    with pytest.raises(RuntimeError) as error:
+        writer.reply([torch.ones(1024, 1024)])
+    assert str(error.value).startswith("worker writer: could not hold 4.00MB of states in ")
+    assert "No space left on device" in str(error.value) and "--shm-size" in str(error.value)
+    assert not Path(tmp_path / "data_0.pt").exists()

@@ -210,7 +210,7 @@ class WorkerFiles:
         sizes = [_span(layers, cuda) for layers in per_sample]
         if not self._ring.size:
             with self._clock("hold"):
-                self._hold(max(max(sizes), min(self.ring_bytes, 4 * sum(sizes))), cuda)
+                self._hold(max(self.ring_bytes, *sizes), max(sizes), cuda)
         if cuda:
             import torch
 
@@ -255,16 +255,24 @@ class WorkerFiles:
             f"dict of request id to such a list, found {type(states).__name__}"
         )
 
-    def _hold(self, nbytes: int, cuda: bool) -> None:
-        """Make the ring ``nbytes`` long; ``/dev/shm`` without the room is told in one line."""
-        try:
-            self._ring.hold(nbytes, cuda)
-        except OSError as exc:
-            raise RuntimeError(
-                f"worker writer: could not hold {files.size(nbytes)} of states in "
-                f"{self._ring.buffer.directory} ({exc.strerror or exc}): give it more room "
-                "(Docker: --shm-size), or use extract --handoff shm or rpc"
-            ) from None
+    def _hold(self, nbytes: int, least: int, cuda: bool) -> None:
+        """Make the ring ``nbytes`` long, or where ``/dev/shm`` has less room (64 MB in a
+        default Docker container) the largest half of it that fits, down to ``least``: fewer
+        samples then wait for the writers at once, which is slower but runs. Without room for
+        ``least``, one line says so. (The first ring on the H200 was sized from the first
+        reply, one sample's 34 MB, and the worker waited 6.5 s of 7.8 for room, run 9.)"""
+        while True:
+            try:
+                self._ring.hold(nbytes, cuda)
+                return
+            except OSError as exc:
+                if nbytes <= least:
+                    raise RuntimeError(
+                        f"worker writer: could not hold {files.size(least)} of states in "
+                        f"{self._ring.buffer.directory} ({exc.strerror or exc}): give it more "
+                        "room (Docker: --shm-size), or use extract --handoff shm or rpc"
+                    ) from None
+                nbytes = max(least, nbytes // 2)
 
     def _room(self, nbytes: int, cuda: bool) -> int:
         """Where in the ring ``nbytes`` go: taken once the writers have given back enough;
@@ -274,7 +282,7 @@ class WorkerFiles:
                 self._hand_out(wait=True)
             else:
                 with self._clock("hold"):
-                    self._hold(nbytes, cuda)
+                    self._hold(nbytes, nbytes, cuda)
         return start
 
     def _copy(self, expected: Expected, layers: list[Any], start: int, cuda: bool) -> _Copying:
