@@ -219,7 +219,7 @@ def _fake_full_shm(room: int, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_ring_of_the_configured_size_is_held_from_the_first_sample(tmp_path) -> None:
-    """Run 9 on the H200: the ring was sized from the first reply (one sample) and the worker
+    """Run 9 on an H100: the ring was sized from the first reply (one sample) and the worker
     spent most of the run waiting for room; the ring is now ring_bytes from the start."""
     writer = WorkerFiles(layers=[1], writers=1, ring_bytes=16 << 20)
     batch = expected(tmp_path, [2])

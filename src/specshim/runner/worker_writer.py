@@ -259,7 +259,7 @@ class WorkerFiles:
         """Make the ring ``nbytes`` long, or where ``/dev/shm`` has less room (64 MB in a
         default Docker container) the largest half of it that fits, down to ``least``: fewer
         samples then wait for the writers at once, which is slower but runs. Without room for
-        ``least``, one line says so. (The first ring on the H200 was sized from the first
+        ``least``, one line says so. (The first ring on an H100 was sized from the first
         reply, one sample's 34 MB, and the worker waited 6.5 s of 7.8 for room, run 9.)"""
         while True:
             try:
