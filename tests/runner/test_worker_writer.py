@@ -3,6 +3,7 @@ them (the whole path through vLLM: tests/e2e/test_runner.py; on CUDA: tests/gpu)
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -190,7 +191,7 @@ def test_a_sample_larger_than_the_ring_grows_it(tmp_path) -> None:
 
 def test_a_writer_process_that_dies_is_named_for_the_samples_it_held(tmp_path) -> None:
     writer = WorkerFiles(layers=[1], writers=1)
-    writer.start()
+    writer.start(cuda=False)
     (process,) = writer._processes._processes  # the one process, killed before any sample
     process.popen.kill()
     writer.expect(expected(tmp_path, [2]))
@@ -198,6 +199,21 @@ def test_a_writer_process_that_dies_is_named_for_the_samples_it_held(tmp_path) -
     ((path, problem),) = writer.finished(wait=True)
     assert path == str(tmp_path / "data_0.pt") and not Path(path).exists()
     assert problem == f"writer process {process.popen.pid} exited with code -9 before writing it"
+
+
+def test_a_writer_process_that_exits_before_it_is_ready_is_one_line(monkeypatch) -> None:
+    from specshim.runner import writer_processes
+
+    monkeypatch.setattr(writer_processes.sys, "executable", "/bin/false")  # exits with 1
+    writer = WorkerFiles(layers=[1], writers=2)
+    with pytest.raises(RuntimeError) as error:
+        writer.start(cuda=False)
+    assert re.fullmatch(
+        r"worker writer: writer process \d+ exited with code 1 before it could take samples "
+        r"\(its error is above it, on stderr\)",
+        str(error.value),
+    )
+    assert writer._processes._processes == []
 
 
 def _fake_full_shm(room: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,10 +234,15 @@ def _fake_full_shm(room: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handoff.os, "posix_fallocate", fallocate)
 
 
-def test_a_ring_of_the_configured_size_is_held_from_the_first_sample(tmp_path) -> None:
+def test_the_ring_and_the_processes_are_ready_from_the_start(tmp_path) -> None:
     """Run 9 on an H100: the ring was sized from the first reply (one sample) and the worker
-    spent most of the run waiting for room; the ring is now ring_bytes from the start."""
-    writer = WorkerFiles(layers=[1], writers=1, ring_bytes=16 << 20)
+    spent most of the run waiting for room; run 10: the first samples waited for the
+    processes to import torch. Both now happen in ``start``, before any sample."""
+    writer = WorkerFiles(layers=[1], writers=2, ring_bytes=16 << 20)
+    writer.start(cuda=False)
+    assert writer.describe("worker")["ring_bytes"] == 16 << 20
+    for process in writer._processes._processes:  # each answered that it is ready
+        assert process.popen.poll() is None and not process.connection.poll()
     batch = expected(tmp_path, [2])
     writer.expect(batch)
     writer.reply([torch.ones(2, 4)])

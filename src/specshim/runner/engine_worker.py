@@ -13,7 +13,7 @@ from typing import Any
 from speculators.data_generation.custom_worker import HiddenStatesWorkerExtension
 
 from specshim.runner.engine_loop import StepCapture
-from specshim.runner.worker_writer import WorkerFiles
+from specshim.runner.worker_writer import WorkerFiles, on_cuda
 
 
 class EngineCapture(HiddenStatesWorkerExtension):  # type: ignore[misc]  # speculators: untyped
@@ -30,7 +30,7 @@ class EngineCapture(HiddenStatesWorkerExtension):  # type: ignore[misc]  # specu
             return False
         runner = self.model_runner
         writer = WorkerFiles(layers)
-        writer.start()
+        writer.start(on_cuda(self))
         capture = StepCapture(runner, writer)
         execute = runner.execute_model
 

@@ -65,6 +65,9 @@ _STATE = "_specshim_worker_files"
 #: The size of the ring the states wait in for their writer processes (one sample larger than
 #: it grows it): the host memory the worker's states take, page-locked on a GPU.
 RING_BYTES = 1 << 30
+#: The least ring the worker starts with where ``/dev/shm`` has no room for ``RING_BYTES``
+#: (a sample larger than the ring grows it, or is told to need more room).
+SMALLEST_RING = 1 << 20
 #: The environment variable that sets how many writer processes a worker starts (default:
 #: :data:`specshim.runner.writer_processes.WRITER_PROCESSES`).
 WRITERS_VARIABLE = "SPECSHIM_WRITER_PROCESSES"
@@ -154,10 +157,17 @@ class WorkerFiles:
         took it)."""
         return self._ring.buffer.pinned
 
-    def start(self) -> None:
-        """Start the writer processes now (they take seconds to import torch; otherwise they
-        start with the first sample)."""
-        self._processes.start()
+    def start(self, cuda: bool) -> None:
+        """Start the writer processes and hold the ring (page-locked where ``cuda``), if not
+        done yet. The worker does it when installed, in the engine's start: on an H100 the
+        processes' start (importing torch) kept the first samples waiting about 4 s and
+        page-locking the ring took 0.6 s, costs of starting, not of each sample (run 10)."""
+        if self._ring.size:
+            return
+        with self._clock("start"):
+            self._processes.start()
+        with self._clock("hold"):
+            self._hold(self.ring_bytes, min(self.ring_bytes, SMALLEST_RING), cuda)
 
     def expect(self, batch: list[Expected]) -> None:
         """The next fetches are for ``batch``, in input order."""
@@ -205,12 +215,9 @@ class WorkerFiles:
         self._hand_out()
         if not batch or self._failed:  # the writing stops at the first refusal
             return
-        self.start()
         cuda = per_sample[0][0].is_cuda
+        self.start(cuda)
         sizes = [_span(layers, cuda) for layers in per_sample]
-        if not self._ring.size:
-            with self._clock("hold"):
-                self._hold(max(self.ring_bytes, *sizes), max(sizes), cuda)
         if cuda:
             import torch
 
@@ -403,10 +410,17 @@ def _install(worker: Any, layers: list[int]) -> bool:
         return False
     fetch = worker._get_captured_states
     writer = WorkerFiles(layers)
-    writer.start()
+    writer.start(on_cuda(worker))
     worker._get_captured_states = functools.partial(writer.answer, fetch)
     setattr(worker, _STATE, writer)
     return True
+
+
+def on_cuda(worker: Any) -> bool:
+    """Whether vLLM's ``worker`` runs on a CUDA device (its ``device``, set by vLLM's
+    ``init_device``; absent or None: not)."""
+    device = getattr(worker, "device", None)
+    return device is not None and device.type == "cuda"
 
 
 def _expect(worker: Any, batch: list[Expected]) -> None:

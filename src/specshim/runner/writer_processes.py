@@ -43,6 +43,10 @@ from specshim.runner.samples import Expected, sample_problem
 WRITER_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
 #: Jobs one process holds at once; the rest wait in the worker for the least busy process.
 DEPTH = 2
+#: How long a process may take to start (import torch) before the worker gives up on it.
+START_SECONDS = 300
+#: What a process sends once it can take jobs.
+READY = "ready"
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,11 @@ class WriterProcesses:
         return sum(len(p.held) for p in self._processes)
 
     def start(self) -> None:
-        """Start the processes (each imports torch: seconds, so the worker starts them when it
-        is installed, not at its first sample)."""
+        """Start the processes and return once each can take jobs. Each imports torch: seconds
+        (on an H100, the first samples waited about 4 s for 4 to 12 processes starting at
+        once, run 10), so the worker starts them when it is installed, in the engine's start,
+        not at its first sample. A process that exits first, or takes longer than
+        :data:`START_SECONDS`, is an error naming it."""
         if self._processes:
             return
         import specshim
@@ -112,6 +119,17 @@ class WriterProcesses:
             )  # fmt: skip
             theirs.close()
             self._processes.append(_Process(popen, Connection(ours.detach())))
+        for process in self._processes:
+            try:
+                if process.connection.poll(START_SECONDS) and process.connection.recv() == READY:
+                    continue
+                problem = f"did not start within {START_SECONDS} s"
+                process.popen.kill()
+            except (EOFError, OSError):
+                problem = (f"exited with code {process.popen.wait()} before it could take "
+                           "samples (its error is above it, on stderr)")  # fmt: skip
+            self.close()
+            raise RuntimeError(f"worker writer: writer process {process.popen.pid} {problem}")
 
     def submit(self, job: WriteJob) -> bool:
         """Hand ``job`` to the least busy process; False when every one holds :data:`DEPTH`."""
@@ -215,6 +233,7 @@ def serve(connection: Connection) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    connection.send(READY)
     rings: dict[str, mmap.mmap] = {}
     refused = False
     while True:
