@@ -4,9 +4,10 @@ On the H200 the generator backend's fastest hand-off (``worker``) reaches 0.30 o
 prefill, and what holds it there is the generator's loop itself: speculators' generator steps
 the engine one call at a time (schedule, execute, fetch, each waiting for the last), and its
 ``execute_model`` alone took 1.16 s where ``LLM.generate`` ran the same forward passes and
-everything around them in 0.75 s (docs/benchmarks.md, run 7). Here ``LLM.generate`` runs the
-prompts, so the engine schedules and overlaps its steps as it does for any user, and vLLM's
-worker does what the ``worker`` hand-off does:
+everything around them in 0.75 s (docs/benchmarks.md, run 7). Here vLLM's own engine runs the
+prompts (``LLM``'s ``LLMEngine``, fed by :class:`EngineFeed` so that it never runs dry between
+the caller's batches), so the engine schedules and overlaps its steps as it does for any user,
+and vLLM's worker does what the ``worker`` hand-off does:
 
 - speculators' own capture (``_setup_hidden_states_capture``: its forward, ``hidden + residual``
   of each chosen layer, with specshim's adapters applied) takes each step's states;
@@ -155,16 +156,84 @@ def _rank0(replies: list[Any]) -> Any:
     return next((r for r in replies if r is not None), None)
 
 
+#: Tokens the feed keeps in vLLM's engine, in steps of its ``max_num_batched_tokens``: enough
+#: that the scheduler has a full next step while the caller records files and sends more.
+AHEAD_STEPS = 2
+
+
+class EngineFeed:
+    """Announced prompts sent to vLLM's engine as they come, the engine kept busy between calls.
+
+    ``LLM.generate`` runs its prompts and returns once the engine is idle: between two calls
+    the GPU waits while the caller records files and sends the next batch, and a batch smaller
+    than a step (``extract``'s default is 8 prompts, a step on an H200 16,384 tokens) runs in
+    steps that are mostly empty. Here each batch's requests are added to vLLM's ``LLMEngine``
+    directly and the engine is stepped only until no more than :data:`AHEAD_STEPS` steps of
+    tokens wait, so the next step is always full and the caller's work overlaps the engine's.
+    The files come from vLLM's worker as before; the feed checks that vLLM ran each prompt's
+    token ids (what the caller checked in ``LLM.generate``'s outputs) as it finishes."""
+
+    def __init__(self, engine: Any, ahead_tokens: int) -> None:
+        self.engine = engine
+        self.ahead_tokens = ahead_tokens
+        #: Requests sent and not finished: id -> the token ids sent and the sample's place.
+        self.running: dict[str, tuple[list[int], str]] = {}
+        self._tokens = 0
+        self._sent = 0
+
+    def add(self, prompts: list[list[int]], announced: list[Expected]) -> None:
+        """Send one request per prompt, announcing its sample, then step the engine until at
+        most :attr:`ahead_tokens` tokens wait."""
+        from vllm.inputs import TokensPrompt
+
+        for ids, expected in zip(prompts, announced, strict=True):
+            request = f"specshim-{self._sent}"
+            self._sent += 1
+            prompt = TokensPrompt(prompt_token_ids=ids)
+            self.engine.add_request(request, prompt, native.announcing(expected))
+            self.running[request] = (ids, expected.where)
+            self._tokens += len(ids)
+        while self._tokens > self.ahead_tokens:
+            self._step()
+
+    def drain(self) -> None:
+        """Step the engine until every request sent has finished."""
+        while self.running:
+            self._step()
+
+    def _step(self) -> None:
+        for output in self.engine.step():
+            if not output.finished:
+                continue
+            if output.request_id not in self.running:
+                raise RuntimeError(
+                    f"engine feed: vLLM finished request {output.request_id!r}, which specshim "
+                    f"did not send (it sent specshim-0 to specshim-{self._sent - 1})"
+                )
+            ids, where = self.running.pop(output.request_id)
+            self._tokens -= len(ids)
+            ran = list(output.prompt_token_ids or [])
+            if ran != ids:
+                raise RuntimeError(
+                    f"{where}: vLLM ran other input ids than the row's ({len(ran)} vs "
+                    f"{len(ids)} tokens): refusing to write misaligned data"
+                )
+
+
 class EngineFiles(native.Announcements):
     """The caller's handle on the worker's writes: announce, then collect finished files."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: Any, feed: EngineFeed) -> None:
         super().__init__()
         self.llm = llm
+        self.feed = feed
 
     def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
         """The files the worker finished since the last call (each with the problem that kept
-        it from being written, None: in place); with ``wait``, once every one is."""
+        it from being written, None: in place); with ``wait``, once every one is (every
+        request sent has run first)."""
+        if wait:
+            self.feed.drain()
         return _rank0(self.llm.collective_rpc("specshim_engine_finished", args=(wait,))) or []
 
 
@@ -197,27 +266,31 @@ class EngineGenerator(native.LLMGenerator):
                          options | (steps or {}))  # fmt: skip
         if not any(self.llm.collective_rpc("specshim_engine_install", args=(layer_ids,))):
             raise RuntimeError("engine capture: no vLLM worker of rank 0 took the capture")
-        self.files = EngineFiles(self.llm)
+        step_tokens = self.vllm_config.scheduler_config.max_num_batched_tokens
+        self.feed = EngineFeed(self.llm.llm_engine, AHEAD_STEPS * step_tokens)
+        self.files = EngineFiles(self.llm, self.feed)
         self._calls = 0
 
     def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
-        """One prefill per sequence; each one's token ids as vLLM ran them and its states."""
+        """One prefill per sequence; each one's token ids and its states. Announced samples
+        go to the :class:`EngineFeed` and come back without columns at once (their files are
+        reported through :attr:`files`, the token ids checked as they run); others run to the
+        end here, their states fetched from the worker."""
         import torch
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         cut = self.cut(token_ids)
-        announced = self.files.take_for(cut)
+        if announced := self.files.take_for(cut):
+            self.feed.add(cut, announced)
+            return [native.columnless(ids, len(self.layer_ids)) for ids in cut]
+        self.feed.drain()  # LLM.generate runs the engine until idle: none of the feed's left
         self._calls += 1
         tags = [f"{self._calls}_{i}" for i in range(len(cut))]
-        params = [native.announcing(e) for e in announced] or [
-            SamplingParams(max_tokens=1, extra_args={KEPT: tag}) for tag in tags
-        ]
+        params = [SamplingParams(max_tokens=1, extra_args={KEPT: tag}) for tag in tags]
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         ran = [list(output.prompt_token_ids or []) for output in outputs]
-        if announced:
-            return [native.columnless(ids, len(self.layer_ids)) for ids in ran]
         saved = _rank0(self.llm.collective_rpc("specshim_engine_kept", args=(tags,)))
         kept = torch.load(io.BytesIO(saved))
         return [
