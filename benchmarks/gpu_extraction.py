@@ -18,7 +18,8 @@ writes the states must stay under):
 - ``extract_worker``: the same, vLLM's worker writing the files itself
   (``specshim.runner.worker_writer``), which reports where its time went; any ``extract_*``
   path also takes ``@writers=N`` (the worker's writer processes,
-  ``SPECSHIM_WRITER_PROCESSES``), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
+  ``SPECSHIM_WRITER_PROCESSES``), ``@batch_size=N`` (prompts per ``generate`` call,
+  ``extract --batch-size``; default 128), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
   ``extract``'s engine steps (``extract.EngineSteps``; vLLM's ``LLM`` on an H200 takes
   16,384 tokens a step);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
@@ -201,6 +202,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         os.environ[worker_writer.WRITERS_VARIABLE] = settings.pop("writers")
     if settings.pop("read_back", "off") == "on":
         native.writes_in_worker = lambda: False
+    batch_size = int(settings.pop("batch_size", 128))
     steps = extract.EngineSteps(
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))
@@ -208,7 +210,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     if settings:
         raise ValueError(
             f"{mode}: unknown settings {sorted(settings)}; expected writers, read_back, "
-            "max_num_seqs or max_num_batched_tokens"
+            "batch_size, max_num_seqs or max_num_batched_tokens"
         )
     backend = handoff if handoff in ("native", "engine") else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
@@ -244,7 +246,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         out,
         layers=layer_ids(model),
         max_model_len=max_len,
-        batch_size=128,
+        batch_size=batch_size,
         progress=False,
         handoff="auto" if backend != "generator" else handoff,
         backend=backend,
