@@ -32,7 +32,11 @@ writes the states must stay under):
   (``specshim.runner.engine_loop``); its files are compared with the other ``extract``
   paths' like theirs;
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
-- ``disk_writer``: the same on ``specshim extract``'s writer threads.
+- ``disk_writer``: the same on ``specshim extract``'s writer threads;
+- ``disk_processes``: the same bytes through the worker writer's ring and writer processes
+  (:class:`specshim.runner.worker_writer.WorkerFiles` on host tensors, no engine): the writing
+  alone at the parallelism ``extract_engine`` writes with (``@writers=N`` as there), the
+  ceiling that counts for it where one process writing is slower than prefill.
 
     python benchmarks/gpu_extraction.py [--prompts 512 --length 512 --hidden 2048 --layers 16]
         [--paths vllm_prefill,native,extract_engine,extract_engine@writers=4,disk,disk_writer]
@@ -70,6 +74,7 @@ PATHS = (
     "extract_engine",
     "disk",
     "disk_writer",
+    "disk_processes",
 )
 
 
@@ -279,8 +284,35 @@ def _disk(prompts: list[list[int]], hidden: int, work: Path, threads: int) -> di
     return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
 
 
+def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[str, float]:
+    """The same bytes as :func:`_disk`, written by the worker writer's processes from its ring
+    (host tensors: the copies are host to host), 32 prompts at a time."""
+    import torch
+
+    from specshim.runner.samples import Expected
+    from specshim.runner.worker_writer import WorkerFiles
+
+    out.mkdir(parents=True, exist_ok=True)
+    writer = WorkerFiles(layers=list(range(LAYER_COUNT)))
+    writer.start(cuda=False)  # as the engine's start does: not timed
+    start = time.perf_counter()
+    for first in range(0, len(prompts), 32):
+        chunk = prompts[first : first + 32]
+        writer.expect([
+            Expected(str(out / f"data_{i}.pt"), p, [1] * len(p), f"prompt {i}")
+            for i, p in enumerate(chunk, start=first)
+        ])  # fmt: skip
+        tokens = sum(map(len, chunk))
+        writer.reply([torch.ones(tokens, hidden, dtype=torch.bfloat16)] * LAYER_COUNT)
+    done = writer.finished(wait=True)
+    seconds = time.perf_counter() - start
+    if problems := [problem for _, problem in done if problem]:
+        raise RuntimeError(f"disk_processes: {problems[0]}")
+    return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
+
+
 def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: str) -> None:
-    from specshim.runner import files
+    from specshim.runner import files, worker_writer
 
     prompts = [json.loads(line)["input_ids"] for line in Path(data).read_text().splitlines()]
     root = Path(work)
@@ -294,8 +326,16 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
         result = _extract(model, Path(data), max_len, root / mode, mode)
     elif mode == "disk":
         result = _disk(prompts, hidden, root, threads=1)
-    else:
+    elif mode == "disk_writer":
         result = _disk(prompts, hidden, root, threads=files.WRITER_THREADS)
+    else:
+        _, *variant = mode.split("@")
+        for setting in variant:  # writers=N: read where WorkerFiles is made
+            name, _, value = setting.partition("=")
+            if name != "writers":
+                raise ValueError(f"{mode}: unknown setting {name!r}; expected writers")
+            os.environ[worker_writer.WRITERS_VARIABLE] = value
+        result = _disk_processes(prompts, hidden, root / mode)
     print("RESULT", json.dumps(result), flush=True)
 
 
