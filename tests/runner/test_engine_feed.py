@@ -39,6 +39,9 @@ class FakeEngineForTheFeed:
     def add_request(self, request_id: str, prompt: dict, params: object) -> None:
         self.waiting.append((request_id, prompt["prompt_token_ids"]))
 
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting)
+
     def step(self) -> list[Finished]:
         self.steps += 1
         done, budget = [], self.step_tokens
@@ -88,3 +91,16 @@ def test_a_request_the_feed_did_not_send_is_an_error() -> None:
     engine.add_request("7", {"prompt_token_ids": [5]}, None)  # someone else's request
     with pytest.raises(RuntimeError, match=r"vLLM finished request '7', which specshim did not"):
         feed.add(*announced(1))
+
+
+def test_a_request_vllm_dropped_is_an_error_not_a_wait_for_ever() -> None:
+    engine = FakeEngineForTheFeed(step_tokens=8)
+    feed = EngineFeed(engine, ahead_tokens=100)
+    feed.add(*announced(3))
+    engine.waiting.pop(1)  # gone without a finished output
+    with pytest.raises(RuntimeError) as error:
+        feed.drain()
+    assert str(error.value) == (
+        "engine feed: vLLM has no request left, yet 1 sent never finished, the first "
+        "line 2 (data_1.pt)"
+    )

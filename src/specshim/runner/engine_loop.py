@@ -202,6 +202,12 @@ class EngineFeed:
             self._step()
 
     def _step(self) -> None:
+        if not self.engine.has_unfinished_requests():  # stepping would wait for ever
+            _, where = next(iter(self.running.values()))
+            raise RuntimeError(
+                f"engine feed: vLLM has no request left, yet {len(self.running)} sent never "
+                f"finished, the first {where}"
+            )
         for output in self.engine.step():
             if not output.finished:
                 continue
