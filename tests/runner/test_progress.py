@@ -32,3 +32,18 @@ def test_nothing_is_drawn_before_the_first_update() -> None:
     bar.finish()
     del bar
     assert stream.getvalue() == ""
+
+
+def test_restart_leaves_the_time_spent_starting_out_of_the_throughput(monkeypatch) -> None:
+    """extract restarts the clock once vLLM and the writer have started (the worker hand-off's
+    writer processes take seconds to start): 100 tokens in the 2 s after, not the 5 s since."""
+    from specshim.runner import progress
+
+    now = [10.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+    bar = Progress(total=1, visible=False)
+    now[0] = 13.0  # three seconds of starting
+    bar.restart()
+    now[0] = 15.0
+    bar.update(1, 100)
+    assert bar.elapsed == 2.0 and bar.tokens_per_second == 50.0

@@ -568,11 +568,14 @@ def _run(
 
     Ctrl-C lets the writer finish what it was handed, then raises :class:`Interrupted`.
     """
-    bar = Progress(total=len(todo), visible=progress)  # timed from the engine's start
+    bar = Progress(total=len(todo), visible=progress)
     ledger = files.Ledger(out / LEDGER)
     with _noting_ctrl_c() as pressed:
         try:
             with _writer(handoff, generator, ledger, out, prints, batch_size, limit) as writer:
+                # timed from here, once vLLM and the writer have started (the worker hand-off
+                # starts its writer processes in _writer: seconds, a cost of starting)
+                bar.restart()
                 for start in range(0, len(todo), batch_size):
                     batch = todo[start : start + batch_size]
                     writer.announce(batch)

@@ -37,6 +37,10 @@ class Progress:
         self._bar: tqdm | None = None  # drawn from the first update: a run that fails to
         # start leaves its error, not an empty bar, as the last line
 
+    def restart(self) -> None:
+        """Count the time from now (before the first update: what came before was starting)."""
+        self.started = time.perf_counter()
+
     def update(self, samples: int, tokens: int) -> None:
         """Count ``samples`` and ``tokens`` more as done now; the bar is drawn from the first
         update on."""

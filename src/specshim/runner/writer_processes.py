@@ -121,10 +121,13 @@ class WriterProcesses:
             self._processes.append(_Process(popen, Connection(ours.detach())))
         for process in self._processes:
             try:
-                if process.connection.poll(START_SECONDS) and process.connection.recv() == READY:
+                if not process.connection.poll(START_SECONDS):
+                    problem = f"did not start within {START_SECONDS} s"
+                    process.popen.kill()
+                elif (said := process.connection.recv()) == READY:
                     continue
-                problem = f"did not start within {START_SECONDS} s"
-                process.popen.kill()
+                else:
+                    problem = f"said {said!r} where {READY!r} was expected"
             except (EOFError, OSError):
                 problem = (f"exited with code {process.popen.wait()} before it could take "
                            "samples (its error is above it, on stderr)")  # fmt: skip
