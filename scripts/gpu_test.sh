@@ -12,8 +12,9 @@
 # round-robin; each stream's log is LOGS/stream_K.log), every generator asking for 0.8/N of
 # the device's memory (SPECSHIM_E2E_GPU_MEMORY, read by tests/e2e/driver.py). Engine start is
 # most of a test's minute, so three streams take about a third of the time. Leave the native
-# backend's tests out of it: vLLM's LLM profiles the device's free memory at start, which other
-# processes change, and asks for 0.8 of it.
+# and engine backends' tests out of it (`-k "native or engine_backend"` with STREAMS=1): vLLM's
+# LLM asks for 0.8 of the device's memory, and refuses to start where other processes hold more
+# than 0.2 of it (seen on an 80 GB H100 with STREAMS=4, docs/benchmarks.md run 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${SPECSHIM_GPU_ROOT:-/root/g}
