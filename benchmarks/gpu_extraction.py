@@ -201,10 +201,8 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     from specshim.runner import extract, files, native, worker_writer
     from specshim.runner import handoff as handoffs
 
-    handoff, *variant = mode.removeprefix("extract_").split("@")
-    settings = dict(v.split("=", 1) for v in variant)
-    if "writers" in settings:  # read where vLLM's worker makes its writer (a fresh process)
-        os.environ[worker_writer.WRITERS_VARIABLE] = settings.pop("writers")
+    handoff = mode.removeprefix("extract_").split("@")[0]
+    settings = _settings(mode)
     if settings.pop("read_back", "off") == "on":
         native.writes_in_worker = lambda: False
     batch_size = int(settings.pop("batch_size", 128))
@@ -284,6 +282,19 @@ def _disk(prompts: list[list[int]], hidden: int, work: Path, threads: int) -> di
     return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
 
 
+def _settings(mode: str) -> dict[str, str]:
+    """``mode``'s ``@name=value`` settings, ``writers`` taken out and set in the environment,
+    where :class:`specshim.runner.worker_writer.WorkerFiles` reads it (vLLM's worker is a
+    process started after this)."""
+    from specshim.runner import worker_writer
+
+    _, *variant = mode.split("@")
+    settings = dict(v.split("=", 1) for v in variant)
+    if "writers" in settings:
+        os.environ[worker_writer.WRITERS_VARIABLE] = settings.pop("writers")
+    return settings
+
+
 def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[str, float]:
     """The same bytes as :func:`_disk`, written by the worker writer's processes from its ring
     (host tensors: the copies are host to host), 32 prompts at a time."""
@@ -312,7 +323,7 @@ def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[st
 
 
 def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: str) -> None:
-    from specshim.runner import files, worker_writer
+    from specshim.runner import files
 
     prompts = [json.loads(line)["input_ids"] for line in Path(data).read_text().splitlines()]
     root = Path(work)
@@ -329,12 +340,8 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
     elif mode == "disk_writer":
         result = _disk(prompts, hidden, root, threads=files.WRITER_THREADS)
     else:
-        _, *variant = mode.split("@")
-        for setting in variant:  # writers=N: read where WorkerFiles is made
-            name, _, value = setting.partition("=")
-            if name != "writers":
-                raise ValueError(f"{mode}: unknown setting {name!r}; expected writers")
-            os.environ[worker_writer.WRITERS_VARIABLE] = value
+        if unknown := sorted(_settings(mode)):
+            raise ValueError(f"{mode}: unknown settings {unknown}; expected writers")
         result = _disk_processes(prompts, hidden, root / mode)
     print("RESULT", json.dumps(result), flush=True)
 
