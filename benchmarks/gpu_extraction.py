@@ -20,7 +20,7 @@ writes the states must stay under):
   path also takes ``@writers=N`` (the worker's writer processes,
   ``SPECSHIM_WRITER_PROCESSES``), ``@batch_size=N`` (prompts per ``generate`` call,
   ``extract --batch-size``; default 128), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
-  ``extract``'s engine steps (``extract.EngineSteps``; vLLM's ``LLM`` on an H200 takes
+  ``extract``'s engine steps (``extract.EngineSettings``; vLLM's ``LLM`` on an H200 takes
   16,384 tokens a step);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
   speculators 0.3/0.4's files: in vLLM's worker, through specshim's connector
@@ -206,7 +206,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     if settings.pop("read_back", "off") == "on":
         native.writes_in_worker = lambda: False
     batch_size = int(settings.pop("batch_size", 128))
-    steps = extract.EngineSteps(
+    steps = extract.EngineSettings(
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))
     )  # fmt: skip

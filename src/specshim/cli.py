@@ -110,7 +110,9 @@ def _extract(args: argparse.Namespace) -> int:
             verify=args.verify,
             handoff=args.handoff,
             backend=args.backend,
-            steps=extract.EngineSteps(args.max_num_seqs, args.max_num_batched_tokens),
+            steps=extract.EngineSettings(
+                args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization
+            ),
         )
     print(summary.text())
     return 0
@@ -182,6 +184,15 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="tokens one engine step may take, at least --max-model-len (the engine backend: "
         "at least 16, a longer prompt prefilled over several steps) (default: the backend's "
         "own; speculators' generator: max(8192, --max-model-len))",
+    )
+    command.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        metavar="F",
+        help="the fraction of the device's memory vLLM may take (default 0.8, speculators' "
+        "own); vLLM refuses to start where less than that is free: lower it on a GPU that "
+        "other processes use",
     )
     command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     command.set_defaults(handler=_extract)

@@ -202,16 +202,19 @@ def test_files_written_in_the_worker_equal_the_generators(
 )
 def test_engine_steps_are_the_ones_asked_for(four_layers, tmp_path, speculators, backend) -> None:
     """--max-num-seqs and --max-num-batched-tokens reach vLLM's scheduler through either
-    backend (speculators' generator reads them from two module constants), the summary says
-    what vLLM used, and every row is extracted in order: 10 rows in batches of 4, at most 3
-    prompts and 300 tokens a step."""
+    backend (speculators' generator reads them from two module constants), and
+    --gpu-memory-utilization vLLM's cache config (the generator's keyword argument); the
+    summary says what vLLM used, and every row is extracted in order: 10 rows in batches of
+    4, at most 3 prompts and 300 tokens a step."""
     rows_ = rows(four_layers, 10)
     dataset = write_rows(tmp_path / "data.jsonl", rows_)
     out = tmp_path / "out"
     done = extract_cmd(four_layers, dataset, out, "--backend", backend, "--max-num-seqs", "3",
-                       "--max-num-batched-tokens", "300", speculators=speculators)  # fmt: skip
+                       "--max-num-batched-tokens", "300", "--gpu-memory-utilization", "0.5",
+                       speculators=speculators)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "engine steps: at most 3 prompts, 300 tokens" in done.stdout, done.stdout
+    steps = "engine steps: at most 3 prompts, 300 tokens (gpu_memory_utilization 0.5)"
+    assert steps in done.stdout, done.stdout
     assert_files_match(out, rows_)
 
 

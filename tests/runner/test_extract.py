@@ -45,6 +45,8 @@ SETTINGS = {"model": "/m", "data": "/d.jsonl", "layers": [0, 1, 2, 3], "max_mode
         ("--tensor-parallel-size", "0", "--tensor-parallel-size must be at least 1, got 0"),
         ("--verify", "-2", "--verify must be at least 0, got -2"),
         ("--max-num-seqs", "0", "--max-num-seqs must be at least 1, got 0"),
+        ("--gpu-memory-utilization", "0", "--gpu-memory-utilization must be above 0 and at most"),
+        ("--gpu-memory-utilization", "1.5", "of the device's memory), got 1.5"),
         # the default --max-model-len is 2048: a prompt that long is one step's tokens
         ("--max-num-batched-tokens", "1024", "--max-num-batched-tokens must be at least 2048"),
         ("--layers", "0,9", "--layers: 9 is out of range: the model has 4 decoder layers"),

@@ -98,7 +98,9 @@ class Summary:
     verified: str = ""
     handoff: str = "rpc"  # how the states left vLLM's worker (specshim.runner.handoff)
     backend: str = "generator"  # who made the states, and for --backend auto, why
-    steps: str = ""  # how much one engine step took at most: "32 prompts, 8,192 tokens"
+    # how much one engine step took at most, and vLLM's memory fraction:
+    # "32 prompts, 8,192 tokens (gpu_memory_utilization 0.8)"
+    steps: str = ""
 
     def text(self) -> str:
         """The summary as the lines ``specshim extract`` prints at the end."""
@@ -136,20 +138,30 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class EngineSteps:
-    """How much one engine step may take: prompts (``max_num_seqs``) and tokens
-    (``max_num_batched_tokens``). None keeps the backend's own: speculators' generator takes
+class EngineSettings:
+    """How much one engine step may take, prompts (``max_num_seqs``) and tokens
+    (``max_num_batched_tokens``), and how much of the device's memory vLLM may take
+    (``gpu_memory_utilization``). None keeps the backend's own: speculators' generator takes
     32 prompts and max(8192, max_model_len) tokens (two constants of its module), vLLM's
-    ``LLM`` its defaults for the device (16,384 tokens on an H100/H200). Fewer, larger steps
-    cost less per token where each step has a fixed cost (docs/benchmarks.md section 6, run
-    7); more memory goes to activations, which vLLM's start-up profiling accounts for."""
+    ``LLM`` its defaults for the device (16,384 tokens on an H100/H200); every backend takes
+    0.8 of the memory, as speculators' generator does. Fewer, larger steps cost less per token
+    where each step has a fixed cost (docs/benchmarks.md section 6, run 7); more memory goes
+    to activations, which vLLM's start-up profiling accounts for. vLLM refuses to start where
+    less than ``gpu_memory_utilization`` of the device is free: on a GPU other processes use,
+    a lower fraction is the way to start."""
 
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
 
-    def options(self) -> dict[str, int]:
+    def options(self) -> dict[str, Any]:
         """The ones given, as ``LLM(...)``'s keyword arguments."""
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def memory(self) -> dict[str, float]:
+        """The memory fraction, if given, as speculators' generator's keyword argument."""
+        fraction = self.gpu_memory_utilization
+        return {} if fraction is None else {"gpu_memory_utilization": fraction}
 
     @contextlib.contextmanager
     def for_speculators(self) -> Iterator[None]:
@@ -181,7 +193,7 @@ def check_numbers(
     max_model_len: int,
     tensor_parallel_size: int,
     verify: int,
-    steps: EngineSteps = EngineSteps(),
+    steps: EngineSettings = EngineSettings(),
     backend: str = "generator",
 ) -> None:
     """Refuse a numeric option below its lowest value with one line, before anything starts.
@@ -200,12 +212,22 @@ def check_numbers(
     for name, value in given.items():
         if value is not None and value < lowest[name]:
             raise ExtractionError(f"{name} must be at least {lowest[name]}, got {value}")
+    fraction = steps.gpu_memory_utilization
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ExtractionError(
+            "--gpu-memory-utilization must be above 0 and at most 1 (a fraction of the "
+            f"device's memory), got {fraction}"
+        )
 
 
 def _steps_taken(generator: Any) -> str:
-    """The step limits vLLM was started with, as the summary says them."""
+    """The step limits and memory fraction vLLM was started with, as the summary says them."""
     scheduler = generator.vllm_config.scheduler_config
-    return f"{scheduler.max_num_seqs} prompts, {scheduler.max_num_batched_tokens:,} tokens"
+    memory = generator.vllm_config.cache_config.gpu_memory_utilization
+    return (
+        f"{scheduler.max_num_seqs} prompts, {scheduler.max_num_batched_tokens:,} tokens "
+        f"(gpu_memory_utilization {memory:g})"
+    )
 
 
 def model_config(model: str) -> Any:
@@ -450,7 +472,7 @@ def extract(
     handoff: str = "auto",
     verify: int = 0,
     backend: str = "auto",
-    steps: EngineSteps = EngineSteps(),
+    steps: EngineSettings = EngineSettings(),
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
@@ -774,7 +796,7 @@ def _generator(
     handoff: str = "rpc",
     backend: str = "generator",
     out: Path | None = None,
-    steps: EngineSteps = EngineSteps(),
+    steps: EngineSettings = EngineSettings(),
 ) -> Iterator[Any]:
     """speculators' generator (or, with ``backend="native"``, vLLM's own path behind its
     interface; with ``"engine"``, speculators' capture in vLLM's own engine loop), with vLLM
@@ -811,6 +833,7 @@ def _generator(
                 layer_ids=layers,
                 max_model_len=max_model_len,
                 tensor_parallel_size=tensor_parallel_size,
+                **steps.memory(),
             )
 
     work = (out or Path(".")) / ".specshim-native"
