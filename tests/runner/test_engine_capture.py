@@ -12,7 +12,7 @@ import pytest
 import torch
 from vllm import SamplingParams
 
-from specshim.runner import native
+from specshim.runner import engine_feed
 from specshim.runner.engine_loop import KEPT, StepCapture
 from specshim.runner.samples import Expected
 from specshim.runner.worker_writer import WorkerFiles
@@ -35,7 +35,7 @@ def fake_scheduler_output(new: list[SimpleNamespace], tokens: dict[str, int]) ->
 
 def announced(tmp_path: Path, i: int, ids: list[int]) -> tuple[Expected, SamplingParams]:
     expected = Expected(str(tmp_path / f"data_{i}.pt"), ids, [1] * len(ids), f"line {i + 1}")
-    return expected, native.announcing(expected)
+    return expected, engine_feed.announcing(expected)
 
 
 def states(rows: int, start: int = 0) -> list[torch.Tensor]:

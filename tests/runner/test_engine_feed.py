@@ -1,4 +1,4 @@
-"""The engine backend's feed (:class:`specshim.runner.engine_loop.EngineFeed`): batches sent to
+"""The engine backend's feed (:class:`specshim.runner.engine_feed.EngineFeed`): batches sent to
 vLLM's engine as they come, the engine stepped only until no more than two steps of tokens
 wait, so the caller's work between batches overlaps the engine's.
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specshim.runner.engine_loop import EngineFeed
+from specshim.runner.engine_feed import EngineFeed
 from specshim.runner.samples import Expected
 
 
@@ -72,6 +72,18 @@ def test_a_batch_returns_with_up_to_two_steps_still_waiting_in_the_engine() -> N
     assert engine.steps == 4 and set(feed.running) == {f"specshim-{i}" for i in range(8, 12)}
     feed.drain()
     assert feed.running == {} and engine.waiting == [] and engine.steps == 6
+
+
+def test_each_finished_sample_is_handed_on_in_the_order_vllm_finished_it() -> None:
+    """The native backend's hook: each announcement with vLLM's output, once its ids are
+    checked (a sample whose ids differ is never handed on)."""
+    engine = FakeEngineForTheFeed(step_tokens=8)
+    seen: list[tuple[str, str]] = []
+    feed = EngineFeed(engine, 4, on_finished=lambda e, out: seen.append((e.path, out.request_id)))
+    feed.add(*announced(3))
+    assert seen == [("data_0.pt", "specshim-0"), ("data_1.pt", "specshim-1")]
+    feed.drain()
+    assert seen[2:] == [("data_2.pt", "specshim-2")]
 
 
 def test_a_prompt_vllm_ran_with_other_ids_is_one_line() -> None:

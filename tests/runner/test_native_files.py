@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from specshim.runner import native
+from specshim.runner.engine_feed import EngineFeed
 from specshim.runner.samples import Expected
 
 
@@ -26,12 +27,17 @@ class Connector:
         os.close(self.fd)
 
 
+def native_files(bytes_per_token: int) -> native.NativeFiles:
+    """The caller's side with a feed that sent nothing (the lock files are made by hand)."""
+    return native.NativeFiles(bytes_per_token, EngineFeed(engine=None, ahead_tokens=0))
+
+
 def sample(tmp_path: Path, i: int, tokens: int) -> Expected:
     return Expected(str(tmp_path / f"data_{i}.pt"), [7] * tokens, [1] * tokens, f"line {i + 1}")
 
 
 def test_a_file_is_reported_once_the_connector_lets_go_of_its_lock(tmp_path) -> None:
-    files = native.NativeFiles(bytes_per_token=8)
+    files = native_files(bytes_per_token=8)
     first, second = Connector(tmp_path, "a"), Connector(tmp_path, "b")
     files.writing(sample(tmp_path, 0, 4), first.path)
     files.writing(sample(tmp_path, 1, 4), second.path)
@@ -47,7 +53,7 @@ def test_a_file_is_reported_once_the_connector_lets_go_of_its_lock(tmp_path) -> 
 
 def test_a_connector_that_said_nothing_is_a_line_naming_the_sample(tmp_path) -> None:
     """A worker that died, or whose write failed before it could say so."""
-    files = native.NativeFiles(bytes_per_token=8)
+    files = native_files(bytes_per_token=8)
     gone = Connector(tmp_path, "a")
     files.writing(sample(tmp_path, 4, 4), gone.path)
     gone.done("")
@@ -63,7 +69,7 @@ def test_announcing_waits_for_the_oldest_files_while_too_many_states_wait(
     """vLLM's connector bounds nothing: two samples of 5 tokens at 10 bytes fill a 100-byte
     cap, so announcing a third waits until the oldest is written, and reports it."""
     monkeypatch.setattr(native, "PENDING_BYTES", 100)
-    files = native.NativeFiles(bytes_per_token=10)
+    files = native_files(bytes_per_token=10)
     oldest, newer = Connector(tmp_path, "a"), Connector(tmp_path, "b")
     files.writing(sample(tmp_path, 0, 5), oldest.path)
     files.writing(sample(tmp_path, 1, 5), newer.path)

@@ -18,7 +18,7 @@ and vLLM's worker does what the ``worker`` hand-off does:
   writer the ``worker`` hand-off uses (:class:`specshim.runner.worker_writer.WorkerFiles`:
   page-locked copies on a side stream, checks, ``data_{i}.pt`` written atomically);
 - the caller announces each sample in its request's ``SamplingParams`` (the announcement of
-  the native backend, :func:`specshim.runner.native.announcing`) and records the files the
+  the native backend, :func:`specshim.runner.engine_feed.announcing`) and records the files the
   worker reports in place (:class:`EngineFiles`), as with the other worker writes.
 
 Requests not announced (``extract --verify``'s) have their states kept in the worker and
@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specshim.adapters.worker.worker_batch_order_v2 import STEP
-from specshim.runner import native
+from specshim.runner import engine_feed, native
+from specshim.runner.engine_feed import AHEAD_STEPS, EngineFeed
 from specshim.runner.samples import Expected
 from specshim.runner.worker_writer import WorkerFiles
 
@@ -73,7 +74,7 @@ def _prompt(new_request: Any) -> _Prompt | None:
     """What to capture for a newly scheduled request: an announced sample, a kept one, or
     None for a request specshim did not send."""
     params = new_request.sampling_params
-    said = native.announcement(params)
+    said = engine_feed.announcement(params)
     tag = ((params.extra_args if params else None) or {}).get(KEPT)
     if said is None and tag is None:
         return None
@@ -154,76 +155,6 @@ class StepCapture:
 def _rank0(replies: list[Any]) -> Any:
     """The reply of the worker that captures (the others answer None)."""
     return next((r for r in replies if r is not None), None)
-
-
-#: Tokens the feed keeps in vLLM's engine, in steps of its ``max_num_batched_tokens``: enough
-#: that the scheduler has a full next step while the caller records files and sends more.
-AHEAD_STEPS = 2
-
-
-class EngineFeed:
-    """Announced prompts sent to vLLM's engine as they come, the engine kept busy between calls.
-
-    ``LLM.generate`` runs its prompts and returns once the engine is idle: between two calls
-    the GPU waits while the caller records files and sends the next batch, and a batch smaller
-    than a step (``extract``'s default is 8 prompts, a step on an H200 16,384 tokens) runs in
-    steps that are mostly empty. Here each batch's requests are added to vLLM's ``LLMEngine``
-    directly and the engine is stepped only until no more than :data:`AHEAD_STEPS` steps of
-    tokens wait, so the next step is always full and the caller's work overlaps the engine's.
-    The files come from vLLM's worker as before; the feed checks that vLLM ran each prompt's
-    token ids (what the caller checked in ``LLM.generate``'s outputs) as it finishes."""
-
-    def __init__(self, engine: Any, ahead_tokens: int) -> None:
-        self.engine = engine
-        self.ahead_tokens = ahead_tokens
-        #: Requests sent and not finished: id -> the token ids sent and the sample's place.
-        self.running: dict[str, tuple[list[int], str]] = {}
-        self._tokens = 0
-        self._sent = 0
-
-    def add(self, prompts: list[list[int]], announced: list[Expected]) -> None:
-        """Send one request per prompt, announcing its sample, then step the engine until at
-        most :attr:`ahead_tokens` tokens wait."""
-        from vllm.inputs import TokensPrompt
-
-        for ids, expected in zip(prompts, announced, strict=True):
-            request = f"specshim-{self._sent}"
-            self._sent += 1
-            prompt = TokensPrompt(prompt_token_ids=ids)
-            self.engine.add_request(request, prompt, native.announcing(expected))
-            self.running[request] = (ids, expected.where)
-            self._tokens += len(ids)
-        while self._tokens > self.ahead_tokens:
-            self._step()
-
-    def drain(self) -> None:
-        """Step the engine until every request sent has finished."""
-        while self.running:
-            self._step()
-
-    def _step(self) -> None:
-        if not self.engine.has_unfinished_requests():  # stepping would wait for ever
-            _, where = next(iter(self.running.values()))
-            raise RuntimeError(
-                f"engine feed: vLLM has no request left, yet {len(self.running)} sent never "
-                f"finished, the first {where}"
-            )
-        for output in self.engine.step():
-            if not output.finished:
-                continue
-            if output.request_id not in self.running:
-                raise RuntimeError(
-                    f"engine feed: vLLM finished request {output.request_id!r}, which specshim "
-                    f"did not send (it sent specshim-0 to specshim-{self._sent - 1})"
-                )
-            ids, where = self.running.pop(output.request_id)
-            self._tokens -= len(ids)
-            ran = list(output.prompt_token_ids or [])
-            if ran != ids:
-                raise RuntimeError(
-                    f"{where}: vLLM ran other input ids than the row's ({len(ran)} vs "
-                    f"{len(ids)} tokens): refusing to write misaligned data"
-                )
 
 
 class EngineFiles(native.Announcements):

@@ -4,7 +4,7 @@ interface ``extract`` uses from speculators' generator.
 vLLM 0.18 and later extract hidden states themselves: the ``extract_hidden_states``
 speculative method caches the chosen layers' states and its ``ExampleHiddenStatesConnector``
 writes each finished request's states to a safetensors file (speculators >= 0.5 generates its
-data this way). :class:`NativeGenerator` drives that path with ``LLM.generate`` and hands
+data this way). :class:`NativeGenerator` drives that path through vLLM's ``LLM`` and hands
 ``extract`` the same records speculators' generator returns (``input_ids``, one
 ``[tokens, hidden]`` tensor per layer), so resume, the guards, the writer and the files are
 those of the generator backend.
@@ -14,8 +14,11 @@ worker: ``extract`` announces each sample (:meth:`NativeFiles.expect`), the requ
 file and loss mask to specshim's subclass of the connector
 (:mod:`specshim.runner.native_connector`), whose writer threads write ``data_{i}.pt``
 themselves, and ``generate`` returns states without columns, as the ``worker`` hand-off of the
-generator backend does (:mod:`specshim.runner.worker_writer`). Elsewhere, and for requests not
-announced, the caller reads vLLM's safetensors files back and ``extract`` writes them.
+generator backend does (:mod:`specshim.runner.worker_writer`); the announced requests go to
+vLLM's engine through the engine backend's feed (:class:`specshim.runner.engine_feed.EngineFeed`),
+so the engine does not run dry between ``extract``'s batches. Elsewhere, and for requests not
+announced, ``LLM.generate`` runs them and the caller reads vLLM's safetensors files back, and
+``extract`` writes them.
 
 Layer ids: ``extract`` speaks speculators 0.3/0.4's numbering (id ``k``: the output of
 decoder layer ``k``); vLLM's numbers the state entering layer ``k``, so it is asked for
@@ -43,6 +46,7 @@ from typing import Any
 
 from specshim import console
 from specshim.runner import files
+from specshim.runner.engine_feed import AHEAD_STEPS, EngineFeed
 from specshim.runner.samples import Expected
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
@@ -56,10 +60,6 @@ BACKENDS = ("auto", "generator", "native", "engine")
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 #: specshim's subclass of it, which writes announced samples as ``data_{i}.pt`` itself.
 OWN_CONNECTOR = ("specshim.runner.native_connector", "SpecshimHiddenStatesConnector")
-#: The ``SamplingParams.extra_args`` key of a sample's announcement: its file, loss mask, and
-#: where it came from (for messages). Not under ``kv_transfer_params``: vLLM warns for each
-#: such request where no connector runs (the engine backend).
-ANNOUNCED = "specshim_sample"
 #: States (bytes) that may wait in vLLM's host memory for its connector's writer threads
 #: (:class:`NativeFiles`); beyond that, announcing waits for the oldest files.
 PENDING_BYTES = 4 << 30
@@ -270,20 +270,6 @@ class Announcements:
         return taken
 
 
-def announcing(expected: Expected) -> Any:
-    """One prefill whose request carries ``expected`` to vLLM's worker (specshim's connector,
-    or the engine backend's capture: :func:`announcement`)."""
-    from vllm import SamplingParams
-
-    said = {"file": expected.path, "loss_mask": expected.loss_mask, "where": expected.where}
-    return SamplingParams(max_tokens=1, extra_args={ANNOUNCED: said})
-
-
-def announcement(sampling_params: Any) -> dict[str, Any] | None:
-    """What :func:`announcing` put in a request's ``sampling_params``, or None."""
-    return (getattr(sampling_params, "extra_args", None) or {}).get(ANNOUNCED)
-
-
 def columnless(token_ids: list[int], layers: int) -> dict[str, Any]:
     """An announced request's record: its token ids, and per layer ``[tokens, 0]`` states
     (vLLM's worker writes the states)."""
@@ -304,9 +290,10 @@ class NativeFiles(Announcements):
     :data:`PENDING_BYTES` of states (``bytes_per_token`` each
     token) would be waiting, as the ``worker`` hand-off does."""
 
-    def __init__(self, bytes_per_token: int) -> None:
+    def __init__(self, bytes_per_token: int, feed: EngineFeed) -> None:
         super().__init__()
         self.bytes_per_token = bytes_per_token
+        self.feed = feed
         self._writing: collections.deque[_Writing] = collections.deque()
         self._done: list[tuple[str, str | None]] = []
 
@@ -329,7 +316,10 @@ class NativeFiles(Announcements):
 
     def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
         """The files finished since the last call, each with the problem that kept it from
-        being written (None: in place); with ``wait``, once every announced file is."""
+        being written (None: in place); with ``wait``, once every announced file is (every
+        request sent has run first)."""
+        if wait:
+            self.feed.drain()
         still: collections.deque[_Writing] = collections.deque()
         for writing in self._writing:
             if (outcome := _settled(writing, wait)) is None:
@@ -365,6 +355,17 @@ def _settled(writing: _Writing, wait: bool) -> tuple[str, str | None] | None:
     return expected.path, str(full) if full else (
         f"{expected.where}: vLLM's worker wrote no file for it: its log above says why"
     )
+
+
+def _states_path(output: Any) -> str:
+    """Where vLLM's connector says it writes a finished request's states."""
+    told = output.kv_transfer_params or {}
+    if "hidden_states_path" not in told:
+        raise RuntimeError(
+            f"vLLM returned no hidden-states file for request {output.request_id} "
+            "(expected kv_transfer_params['hidden_states_path'] from its connector)"
+        )
+    return str(told["hidden_states_path"])
 
 
 class LLMGenerator:
@@ -430,37 +431,32 @@ class NativeGenerator(LLMGenerator):
         model_config = self.vllm_config.model_config
         state_bytes = getattr(model_config.dtype, "itemsize", 2)  # a torch.dtype once resolved
         per_token = model_config.get_hidden_size() * len(layer_ids) * state_bytes
-        self.files = NativeFiles(per_token) if own else None
+        step_tokens = self.vllm_config.scheduler_config.max_num_batched_tokens
+        self.feed = EngineFeed(self.llm.llm_engine, AHEAD_STEPS * step_tokens, self._writing)
+        self.files = NativeFiles(per_token, self.feed) if own else None
         self.llm.collective_rpc("specshim_cpu_connector")
 
     def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
-        """One prefill per sequence; each one's token ids as vLLM ran them and its states:
-        read back from the connector's file, or, for an announced sample, without columns
-        (the worker is writing its file)."""
+        """One prefill per sequence; each one's token ids and its states. Announced samples go
+        to the :class:`EngineFeed` and come back without columns at once (the worker writes
+        their files, reported through :attr:`files`; the token ids are checked as they run);
+        others run to the end here, their states read back from the connector's files."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         cut = self.cut(token_ids)
-        announced = self.files.take_for(cut) if self.files else []
-        params = [announcing(e) for e in announced] or SamplingParams(max_tokens=1)
+        if self.files and (announced := self.files.take_for(cut)):
+            self.feed.add(cut, announced)
+            return [columnless(ids, len(self.layer_ids)) for ids in cut]
+        self.feed.drain()  # LLM.generate runs the engine until idle: none of the feed's left
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        records = []
-        for i, output in enumerate(outputs):
-            told = output.kv_transfer_params or {}
-            if "hidden_states_path" not in told:
-                raise RuntimeError(
-                    f"vLLM returned no hidden-states file for request {output.request_id} "
-                    "(expected kv_transfer_params['hidden_states_path'] from its connector)"
-                )
-            if announced:
-                assert self.files is not None
-                self.files.writing(announced[i], told["hidden_states_path"])
-                ran = list(output.prompt_token_ids or [])
-                records.append(columnless(ran, len(self.layer_ids)))
-            else:
-                records.append(self._read_back(output.request_id, told["hidden_states_path"]))
-        return records
+        outputs = self.llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
+        return [self._read_back(o.request_id, _states_path(o)) for o in outputs]
+
+    def _writing(self, expected: Expected, output: Any) -> None:
+        """An announced request finished: vLLM's worker is writing its file."""
+        assert self.files is not None  # only announced requests go to the feed
+        self.files.writing(expected, _states_path(output))
 
     def _read_back(self, request_id: str, path: str) -> dict[str, Any]:
         """The record of one request from the file vLLM's connector wrote, which is removed."""

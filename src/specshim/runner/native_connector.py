@@ -8,7 +8,7 @@ the H200 that ran at 0.31 of vLLM's own native path (docs/benchmarks.md, run 7).
 
 This subclass, loaded by vLLM through ``kv_connector_module_path`` (so only in vLLM's
 processes), changes one step: for a request the caller announced in its sampling
-parameters' ``extra_args`` (:data:`specshim.runner.native.ANNOUNCED`: the sample's file, its
+parameters' ``extra_args`` (:data:`specshim.runner.engine_feed.ANNOUNCED`: the sample's file, its
 loss mask, where it came from), the writer thread checks the states and writes that file
 atomically, in the format and with the tensors the caller's path writes
 (:func:`specshim.runner.dataset.record`); then it says in the request's lock file what it did
@@ -37,7 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
 from specshim import console
-from specshim.runner import dataset, files, native
+from specshim.runner import dataset, engine_feed, files, native
 from specshim.runner.samples import sample_problem
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
         meta.specshim_files = {  # type: ignore[attr-defined]  # pickled with the rest
             self._request_filenames[new.req_id]: said
             for new in scheduler_output.scheduled_new_reqs
-            if (said := native.announcement(new.sampling_params)) is not None
+            if (said := engine_feed.announcement(new.sampling_params)) is not None
         }
         return meta
 
