@@ -8,7 +8,12 @@ stderr, flushed at once, as ``[label] text``.
 
 from __future__ import annotations
 
+import re
 import sys
+
+#: The head of a pydantic ``ValidationError`` (vLLM's configs): its first line says only how
+#: many errors, for which class; what is wrong follows, up to `` [type=``.
+VALIDATION_HEAD = re.compile(r"\d+ validation errors? for \w+")
 
 
 def status(label: str, text: str) -> None:
@@ -17,5 +22,17 @@ def status(label: str, text: str) -> None:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message, or its type's name where it has none."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    """The first line of ``exc``'s message, or its type's name where it has none; for a
+    pydantic validation error (vLLM refusing its config) the first error with it, on one
+    line: "1 validation error for VllmConfig" alone named nothing to change."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if VALIDATION_HEAD.fullmatch(lines[0]):
+        said = []
+        for line in lines[1:]:
+            said.append(line.split(" [type=")[0])
+            if " [type=" in line:
+                break
+        return f"{lines[0]}: {' '.join(said)}" if said else lines[0]
+    return lines[0]
