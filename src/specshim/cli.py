@@ -163,8 +163,8 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="generator: speculators 0.3/0.4's own, patched by specshim; native: vLLM's "
         "extract_hidden_states path (vLLM >= 0.18), the same files (docs/migration.md); "
         "engine: speculators' capture inside vLLM's own engine loop, the worker writing the "
-        "generator's files (the fastest measured on a GPU: 0.56 of vLLM's prefill on an H100, "
-        "docs/benchmarks.md run 10); "
+        "generator's files (the fastest measured on a GPU: 0.72 of vLLM's prefill on an H100, "
+        "docs/benchmarks.md run 11); "
         "auto: the generator where the matrix shows it extracting with this vLLM, "
         "speculators and accelerator, else the native path where vLLM has it",
     )
