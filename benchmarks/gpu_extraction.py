@@ -206,7 +206,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     if settings.pop("read_back", "off") == "on":
         native.writes_in_worker = lambda: False
     batch_size = int(settings.pop("batch_size", 128))
-    steps = extract.EngineSettings(
+    engine = extract.EngineSettings(
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))
     )  # fmt: skip
@@ -253,14 +253,14 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         progress=False,
         handoff="auto" if backend != "generator" else handoff,
         backend=backend,
-        steps=steps,
+        engine=engine,
     )
     return {
         "seconds": summary.seconds,
         "tokens_per_second": summary.tokens_per_second,
         "inside": dict(timers.seconds),
         "handoff": worker[0] if worker else None,
-        "steps": summary.steps,
+        "steps": summary.engine,
     }
 
 

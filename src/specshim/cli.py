@@ -110,7 +110,7 @@ def _extract(args: argparse.Namespace) -> int:
             verify=args.verify,
             handoff=args.handoff,
             backend=args.backend,
-            steps=extract.EngineSettings(
+            engine=extract.EngineSettings(
                 args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization
             ),
         )

@@ -17,9 +17,9 @@ and vLLM's worker does what the ``worker`` hand-off does:
   chunks across steps (chunked prefill) and, once a prompt is whole, hands it to the same
   writer the ``worker`` hand-off uses (:class:`specshim.runner.worker_writer.WorkerFiles`:
   page-locked copies on a side stream, checks, ``data_{i}.pt`` written atomically);
-- the caller announces each sample in its request's ``SamplingParams`` (the announcement of
-  the native backend, :func:`specshim.runner.engine_feed.announcing`) and records the files the
-  worker reports in place (:class:`EngineFiles`), as with the other worker writes.
+- the caller announces each sample in its request's ``SamplingParams``
+  (:func:`specshim.runner.engine_feed.announcing`, as the native backend does) and records the
+  files the worker reports in place (:class:`EngineFiles`), as with the other worker writes.
 
 Requests not announced (``extract --verify``'s) have their states kept in the worker and
 fetched through the RPC. Only tensor-parallel rank 0 captures and writes (every rank holds

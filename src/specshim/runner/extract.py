@@ -100,7 +100,7 @@ class Summary:
     backend: str = "generator"  # who made the states, and for --backend auto, why
     # how much one engine step took at most, and vLLM's memory fraction:
     # "32 prompts, 8,192 tokens (gpu_memory_utilization 0.8)"
-    steps: str = ""
+    engine: str = ""
 
     def text(self) -> str:
         """The summary as the lines ``specshim extract`` prints at the end."""
@@ -113,8 +113,8 @@ class Summary:
             f"handed over by {self.handoff})",
             f"backend: {self.backend}",
         ]
-        if self.steps:
-            lines.append(f"engine steps: at most {self.steps}")
+        if self.engine:
+            lines.append(f"engine steps: at most {self.engine}")
         if self.redone:
             lines.append(
                 f"extracted again, their row changed or their file was damaged or unrecorded: "
@@ -193,7 +193,7 @@ def check_numbers(
     max_model_len: int,
     tensor_parallel_size: int,
     verify: int,
-    steps: EngineSettings = EngineSettings(),
+    engine: EngineSettings = EngineSettings(),
     backend: str = "generator",
 ) -> None:
     """Refuse a numeric option below its lowest value with one line, before anything starts.
@@ -203,8 +203,8 @@ def check_numbers(
         "--max-model-len": max_model_len,
         "--tensor-parallel-size": tensor_parallel_size,
         "--verify": verify,
-        "--max-num-seqs": steps.max_num_seqs,
-        "--max-num-batched-tokens": steps.max_num_batched_tokens,
+        "--max-num-seqs": engine.max_num_seqs,
+        "--max-num-batched-tokens": engine.max_num_batched_tokens,
     }
     lowest = (
         LOWEST if backend == "engine" else {**LOWEST, "--max-num-batched-tokens": max_model_len}
@@ -212,7 +212,7 @@ def check_numbers(
     for name, value in given.items():
         if value is not None and value < lowest[name]:
             raise ExtractionError(f"{name} must be at least {lowest[name]}, got {value}")
-    fraction = steps.gpu_memory_utilization
+    fraction = engine.gpu_memory_utilization
     if fraction is not None and not 0 < fraction <= 1:
         raise ExtractionError(
             "--gpu-memory-utilization must be above 0 and at most 1 (a fraction of the "
@@ -220,7 +220,7 @@ def check_numbers(
         )
 
 
-def _steps_taken(generator: Any) -> str:
+def _engine_taken(generator: Any) -> str:
     """The step limits and memory fraction vLLM was started with, as the summary says them."""
     scheduler = generator.vllm_config.scheduler_config
     memory = generator.vllm_config.cache_config.gpu_memory_utilization
@@ -472,13 +472,13 @@ def extract(
     handoff: str = "auto",
     verify: int = 0,
     backend: str = "auto",
-    steps: EngineSettings = EngineSettings(),
+    engine: EngineSettings = EngineSettings(),
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has."""
-    check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, steps, backend)
+    check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, engine, backend)
     if backend not in native.BACKENDS:
         raise ExtractionError(
             f"--backend must be one of {', '.join(native.BACKENDS)}, got {backend!r}"
@@ -524,11 +524,11 @@ def extract(
     taken = ""
     if work.todo or verify or not _config_current(out, len(samples)):
         with _generator(
-            model, layers, max_model_len, tensor_parallel_size, handoff, backend, out, steps
+            model, layers, max_model_len, tensor_parallel_size, handoff, backend, out, engine
         ) as generator:
             if backend == "native" and generator.files is not None:
                 handoff = NATIVE_IN_WORKER
-            taken = _steps_taken(generator)
+            taken = _engine_taken(generator)
             files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
             files.Ledger(out / LEDGER).keep(work.kept)
             extracted = _run(
@@ -555,7 +555,7 @@ def extract(
         verified=verified,
         handoff=handoff,
         backend=f"{backend} ({why})",
-        steps=taken,
+        engine=taken,
     )
 
 
@@ -796,7 +796,7 @@ def _generator(
     handoff: str = "rpc",
     backend: str = "generator",
     out: Path | None = None,
-    steps: EngineSettings = EngineSettings(),
+    engine: EngineSettings = EngineSettings(),
 ) -> Iterator[Any]:
     """speculators' generator (or, with ``backend="native"``, vLLM's own path behind its
     interface; with ``"engine"``, speculators' capture in vLLM's own engine loop), with vLLM
@@ -817,23 +817,23 @@ def _generator(
     def start() -> Any:
         if backend == "native":
             return native.NativeGenerator(
-                model, layers, max_model_len, tensor_parallel_size, work, steps.options()
+                model, layers, max_model_len, tensor_parallel_size, work, engine.options()
             )
         if backend == "engine":
             return engine_loop.EngineGenerator(
-                model, layers, max_model_len, tensor_parallel_size, steps.options()
+                model, layers, max_model_len, tensor_parallel_size, engine.options()
             )
         from speculators.data_generation.vllm_hidden_states_generator import (
             VllmHiddenStatesGenerator,
         )
 
-        with steps.for_speculators():
+        with engine.for_speculators():
             return VllmHiddenStatesGenerator(
                 model,
                 layer_ids=layers,
                 max_model_len=max_model_len,
                 tensor_parallel_size=tensor_parallel_size,
-                **steps.memory(),
+                **engine.memory(),
             )
 
     work = (out or Path(".")) / ".specshim-native"

@@ -445,7 +445,7 @@ class NativeGenerator(LLMGenerator):
         from vllm.inputs import TokensPrompt
 
         cut = self.cut(token_ids)
-        if self.files and (announced := self.files.take_for(cut)):
+        if self.files is not None and (announced := self.files.take_for(cut)):
             self.feed.add(cut, announced)
             return [columnless(ids, len(self.layer_ids)) for ids in cut]
         self.feed.drain()  # LLM.generate runs the engine until idle: none of the feed's left
