@@ -33,10 +33,11 @@ writes the states must stay under):
   paths' like theirs;
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
 - ``disk_writer``: the same on ``specshim extract``'s writer threads;
-- ``disk_processes``: the same bytes through the worker writer's ring and writer processes
-  (:class:`specshim.runner.worker_writer.WorkerFiles` on host tensors, no engine): the writing
-  alone at the parallelism ``extract_engine`` writes with (``@writers=N`` as there), the
-  ceiling that counts for it where one process writing is slower than prefill.
+- ``disk_processes``: the same bytes written by the worker writer's processes
+  (:mod:`specshim.runner.writer_processes`) from states already in the ring, processes
+  started before the clock: the writing alone at the parallelism ``extract_engine`` writes
+  with (``@writers=N`` as there), the ceiling that counts for it where one process writing
+  is slower than prefill.
 
     python benchmarks/gpu_extraction.py [--prompts 512 --length 512 --hidden 2048 --layers 16]
         [--paths vllm_prefill,native,extract_engine,extract_engine@writers=4,disk,disk_writer]
@@ -295,31 +296,56 @@ def _settings(mode: str) -> dict[str, str]:
     return settings
 
 
-def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[str, float]:
-    """The same bytes as :func:`_disk`, written by the worker writer's processes from its ring
-    (host tensors: the copies are host to host), 32 prompts at a time."""
+def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[str, Any]:
+    """The writer processes alone, the ceiling for a path that writes through them: every
+    sample's states already in the ring (one sample's bytes, ones, which every job reads, with
+    the (min, max) the worker would have computed on the GPU), the processes started before
+    the clock, as the engine's start does; timed from the first job handed out to the last
+    file written."""
     import torch
 
+    from specshim.runner.handoff import aligned
+    from specshim.runner.host_ring import HostRing
     from specshim.runner.samples import Expected
-    from specshim.runner.worker_writer import WorkerFiles
+    from specshim.runner.worker_writer import writers_from_environment
+    from specshim.runner.writer_processes import WriteJob, WriterProcesses
 
     out.mkdir(parents=True, exist_ok=True)
-    writer = WorkerFiles(layers=list(range(LAYER_COUNT)))
-    writer.start(cuda=False)  # as the engine's start does: not timed
+    longest = max(map(len, prompts))
+    layer_bytes = aligned(longest * hidden * 2)
+    ring = HostRing()
+    ring.hold(LAYER_COUNT * layer_bytes + 2 * 4 * LAYER_COUNT, cuda=False)
+    ring.memory[: LAYER_COUNT * layer_bytes].view(torch.bfloat16).fill_(1)
+    extremes_at = LAYER_COUNT * layer_bytes
+    ring.memory[extremes_at : extremes_at + 8 * LAYER_COUNT].view(torch.float32).fill_(1)
+    place = (str(ring.buffer.path), ring.size)
+    jobs = [
+        WriteJob(i, Expected(str(out / f"data_{i}.pt"), p, [1] * len(p), f"prompt {i}"),
+                 list(range(LAYER_COUNT)), place, "bfloat16",
+                 [(layer * layer_bytes, (len(p), hidden)) for layer in range(LAYER_COUNT)],
+                 extremes_at)
+        for i, p in enumerate(prompts)
+    ]  # fmt: skip
+    processes = WriterProcesses(writers_from_environment())
+    processes.start()
+    written = []
     start = time.perf_counter()
-    for first in range(0, len(prompts), 32):
-        chunk = prompts[first : first + 32]
-        writer.expect([
-            Expected(str(out / f"data_{i}.pt"), p, [1] * len(p), f"prompt {i}")
-            for i, p in enumerate(chunk, start=first)
-        ])  # fmt: skip
-        tokens = sum(map(len, chunk))
-        writer.reply([torch.ones(tokens, hidden, dtype=torch.bfloat16)] * LAYER_COUNT)
-    done = writer.finished(wait=True)
+    for job in jobs:
+        while not processes.submit(job):
+            written.extend(processes.answers(timeout=None))
+    while processes.out:
+        written.extend(processes.answers(timeout=None))
     seconds = time.perf_counter() - start
-    if problems := [problem for _, problem in done if problem]:
+    processes.close()
+    ring.release()
+    if problems := [w.problem for w in written if w.problem]:
         raise RuntimeError(f"disk_processes: {problems[0]}")
-    return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
+    save_cpu = sum(w.seconds.get("save_cpu", 0.0) for w in written)
+    return {
+        "seconds": seconds,
+        "tokens_per_second": sum(map(len, prompts)) / seconds,
+        "inside": {"torch.save CPU, summed": save_cpu},
+    }
 
 
 def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: str) -> None:

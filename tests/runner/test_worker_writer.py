@@ -4,6 +4,7 @@ them (the whole path through vLLM: tests/e2e/test_runner.py; on CUDA: tests/gpu)
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,24 @@ def test_concatenated_reply_is_split_in_input_order_and_written(tmp_path) -> Non
     assert sorted(writer.finished(wait=True)) == [(e.path, None) for e in batch]
     assert_written(batch, [[t[a:b] for t in layers] for a, b in [(0, 3), (3, 8), (8, 10)]])
     assert writer.written == 3
+
+
+def test_writer_processes_write_files_without_crc_that_torch_load_reads(tmp_path) -> None:
+    """The processes turn ``torch.save``'s CRC-32 off (a quarter of a file's CPU): every zip
+    entry's CRC is 0, Python's zipfile calls the states corrupt, torch.load reads them whole."""
+    batch = expected(tmp_path, [4])
+    layers = [torch.randn(4, 8).to(torch.bfloat16) for _ in range(2)]
+    writer = WorkerFiles(layers=[1, 3])
+    writer.expect(batch)
+    writer.reply(layers)
+    assert writer.finished(wait=True) == [(batch[0].path, None)]
+    assert_written(batch, [layers])
+    with zipfile.ZipFile(batch[0].path) as archive:
+        entries = archive.infolist()
+        assert {entry.CRC for entry in entries} == {0}
+        states = next(e for e in entries if e.filename.endswith("/data/1"))
+        with pytest.raises(zipfile.BadZipFile, match="CRC"):
+            archive.read(states)
 
 
 def test_the_worker_says_where_its_time_went(tmp_path) -> None:

@@ -9,7 +9,10 @@ the same memory, checks the sample (:func:`specshim.runner.samples.sample_proble
 ``data_{i}.pt`` atomically (:func:`specshim.runner.files.save_torch`) and answers with a
 :class:`Written`. The tensors it saves are views of the shared memory with storages of their
 own size (``torch.frombuffer``), so the file holds what the states were, bit for bit, and
-nothing else.
+nothing else. The files carry no CRC-32 (``torch.save``'s ``compute_crc32`` off, in these
+processes only): computing it was a quarter of a file's CPU, and ``torch.load`` has never
+checked it (PyTorch builds miniz with ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``); Python's
+``zipfile`` reading an entry to its end does, and would call it corrupt.
 
 A process that refused a sample writes nothing more (its later jobs come back ``skipped``),
 as the writing stops at the first refusal. A process that dies answers for the jobs it held
@@ -233,9 +236,11 @@ def write(job: WriteJob, rings: dict[str, mmap.mmap]) -> Written:
 def serve(connection: Connection) -> None:
     """Write each job that comes until the worker closes the socket."""
     import torch
+    from torch.utils.serialization import config
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    config.save.compute_crc32 = False  # see the module's docstring
     connection.send(READY)
     rings: dict[str, mmap.mmap] = {}
     refused = False
