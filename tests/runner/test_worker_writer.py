@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specshim.runner.samples import Expected
-from specshim.runner.worker_writer import WorkerFiles
+from specshim.runner.worker_writer import WRITERS_VARIABLE, WorkerFiles
 
 
 def expected(tmp_path: Path, lengths: list[int]) -> list[Expected]:
@@ -67,6 +67,19 @@ def test_writer_processes_write_files_without_crc_that_torch_load_reads(tmp_path
         states = next(e for e in entries if e.filename.endswith("/data/1"))
         with pytest.raises(zipfile.BadZipFile, match="CRC"):
             archive.read(states)
+
+
+def test_a_whole_replys_samples_are_out_to_one_process_at_once(tmp_path, monkeypatch) -> None:
+    """The worker hands out jobs only when the engine calls it, once a step: a step's samples
+    must all reach the processes then, not wait for the next step (run 12 on an H100)."""
+    monkeypatch.setenv(WRITERS_VARIABLE, "1")
+    batch = expected(tmp_path, [2] * 12)
+    layers = [torch.randn(24, 8).to(torch.bfloat16) for _ in range(2)]
+    writer = WorkerFiles(layers=[1, 3])
+    writer.expect(batch)
+    writer.reply(layers)
+    assert writer.writers == 1 and writer.waiting == 0
+    assert len(writer.finished(wait=True)) == 12
 
 
 def test_the_worker_says_where_its_time_went(tmp_path) -> None:

@@ -152,6 +152,11 @@ class WorkerFiles:
         weakref.finalize(self, _close, self._processes, self._ring)
 
     @property
+    def waiting(self) -> int:
+        """Samples copied (or being copied) into the ring and not yet handed to a process."""
+        return len(self._copying)
+
+    @property
     def pinned(self) -> bool:
         """Whether the ring is page-locked (on a CUDA device, where ``cudaHostRegister``
         took it)."""

@@ -45,7 +45,12 @@ from specshim.runner.samples import Expected, sample_problem
 #: cores, eight: docs/benchmarks.md run 9).
 WRITER_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
 #: Jobs one process holds at once; the rest wait in the worker for the least busy process.
-DEPTH = 2
+#: The worker hands jobs out only when the engine calls it (once a step, on its own thread),
+#: so between two steps the processes can write no more than they hold: at 2 a process, 8
+#: processes took 16 of an H100 step's 32 samples and the rest waited, the files 0.23 s behind
+#: the engine at the end (docs/benchmarks.md run 12). Enough for a whole step's samples; the
+#: ring still bounds the bytes waiting.
+DEPTH = 16
 #: How long a process may take to start (import torch) before the worker gives up on it.
 START_SECONDS = 300
 #: What a process sends once it can take jobs.
