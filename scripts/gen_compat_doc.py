@@ -29,6 +29,9 @@ def render(rows: list[matrix.Row]) -> str:
         "- *native backend*: the states came from vLLM's own `extract_hidden_states` path",
         "  (`specshim extract --backend native`), not speculators' generator; its rows say",
         "  nothing of the generator, nor the generator's of it.",
+        "- *engine backend*: speculators' capture inside vLLM's own engine loop",
+        "  (`specshim extract --backend engine`, vLLM's worker writing the files); where its rows",
+        "  show it extracting on the machine's accelerator, `--backend auto` runs it.",
         "- *accelerator*: where the row was measured. `specshim report` quotes a row as the",
         "  verdict only on that accelerator; elsewhere it names the row as measured there.",
         "",
@@ -39,7 +42,7 @@ def render(rows: list[matrix.Row]) -> str:
     for r in rows:
         lines.append(
             f"| {r.distribution} {r.vllm} | {r.speculators}{' (control)' if r.control else ''}"
-            f"{' (native backend)' if r.backend == 'native' else ''} | "
+            f"{'' if r.backend == 'generator' else f' ({r.backend} backend)'} | "
             f"{r.accelerator} | {r.transformers or '?'} | {r.torch or '?'} | {r.verdict} | "
             f"{r.level} | {r.measured} | {adapters(r)} |"
         )

@@ -12,8 +12,9 @@ the editable install of this checkout).
 A row whose vLLM has a CPU environment (``specshim.testbed.environments``, built here by
 scripts/setup_env.sh) runs the end-to-end tests of its pair in it: the extraction tests give
 level ``extraction`` (a control row also runs tests/e2e/test_control.py), the training tests
-on top, in the default environment, give ``training`` (a native backend row runs
-tests/e2e/test_native.py's pair instead: ``extraction``); its adapters are what
+on top, in the default environment, give ``training`` (a native or engine backend row runs
+tests/e2e/test_native.py's or test_engine_loop.py's pair instead: ``extraction``); its
+adapters are what
 ``specshim report`` applies there. ``--discard`` deletes the environments that CI does not
 keep once their rows are measured (several GB each). A row of a release without a CPU build
 is taken as far as its unpacked wheel goes (scripts/snapshot_release.sh): every probe decides
@@ -49,8 +50,9 @@ MATRIX = matrix.shipped()
 HEADER = """\
 # Every combination run for real, and how far it got (level: import / probes / extraction /
 # training / evaluation; a failed row failed at its level), with speculators' generator unless
-# `backend: native` (`specshim extract --backend native`). Written by scripts/run_matrix.py: rows
-# with a CPU environment run the end-to-end tests in it (a native row tests/e2e/test_native.py),
+# `backend: native` or `engine` (`specshim extract --backend ...`). Written by
+# scripts/run_matrix.py: rows with a CPU environment run the end-to-end tests in it (a native
+# row tests/e2e/test_native.py, an engine row tests/e2e/test_engine_loop.py),
 # the others an unpacked wheel's probes and generator import; rows measured on a GPU are
 # recorded from tests/gpu. docs/compat.md is generated from this file by
 # scripts/gen_compat_doc.py, and a test fails if the two disagree.
@@ -73,10 +75,18 @@ NATIVE_TESTS = (
     "tests/e2e/test_native.py::test_native_backend_matches_transformers[{pair}]",
     "tests/e2e/test_native.py::test_files_written_by_vllms_worker_equal_the_callers[{vllm}]",
 )
+#: an engine backend row (``backend: engine``): specshim extract --backend engine
+ENGINE_TESTS = (
+    "tests/e2e/test_engine_loop.py::"
+    "test_engine_backend_writes_the_generator_backends_files_bit_for_bit[{pair}]",
+    "tests/e2e/test_engine_loop.py::test_chunked_prefill_joins_each_prompts_steps[{pair}]",
+)
+#: the tests of a row's backend, other than speculators' generator
+BACKEND_TESTS = {"native": NATIVE_TESTS, "engine": ENGINE_TESTS}
 
 
 def row_id(row: dict[str, Any]) -> str:
-    backend = "+native" if row.get("backend") == "native" else ""
+    backend = f"+{row['backend']}" if row.get("backend", "generator") != "generator" else ""
     return f"{row['distribution']}-{row['vllm']}+speculators-{row['speculators']}{backend}"
 
 
@@ -147,8 +157,8 @@ def measure_installed(row: dict[str, Any]) -> dict[str, Any]:
         return {**found, "verdict": "fail", "level": "import", "error": report["import_error"]}
     extraction = EXTRACTION_TESTS + (CONTROL_TESTS if row.get("control") else ())
     stages = [("extraction", extraction)]
-    if row.get("backend") == "native":
-        stages = [("extraction", NATIVE_TESTS)]
+    if row.get("backend") in BACKEND_TESTS:
+        stages = [("extraction", BACKEND_TESTS[row["backend"]])]
     elif environment.folder == ".venv":  # the training tests run in the default environment
         stages.append(("training", TRAINING_TESTS))
     level = "import"
@@ -198,10 +208,11 @@ def has_environment(row: dict[str, Any]) -> bool:
 
 def measurable_here(row: dict[str, Any], here: str) -> bool:
     """Whether ``row`` was measured on this machine's accelerator (``here``, as
-    ``matrix.where`` names it): only such a row can be measured again here. A native backend
-    row needs a CPU environment (tests/e2e/test_native.py) or a GPU (tests/gpu)."""
-    native = row.get("backend") == "native"
-    return row["accelerator"] == here and (has_environment(row) or not native)
+    ``matrix.where`` names it): only such a row can be measured again here. A native or engine
+    backend row needs a CPU environment (tests/e2e/test_native.py, test_engine_loop.py) or a
+    GPU (tests/gpu)."""
+    other_backend = row.get("backend") in BACKEND_TESTS
+    return row["accelerator"] == here and (has_environment(row) or not other_backend)
 
 
 def measure(row: dict[str, Any], recorded: bool, here: str) -> dict[str, Any]:

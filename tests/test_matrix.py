@@ -11,6 +11,8 @@ ROW |= {"accelerator": "CPU (x86_64)"}
 #: what torch reports on the lent H200 (docs/gpu.md), and on a Blackwell GPU: this machine
 #: has neither, so they are fakes
 FAKE_H200 = hardware.Accelerator("cuda", "NVIDIA H200", 1, "sm_90", "Hopper", "cu130")
+#: as ``hardware.detect()`` names the lent H100 (torch's device name)
+FAKE_H100 = hardware.Accelerator("cuda", "NVIDIA H100 80GB HBM3", 1, "sm_90", "Hopper", "cu130")
 FAKE_B200 = hardware.Accelerator("cuda", "NVIDIA B200", 8, "sm_100", "Blackwell", "cu130")
 X86 = hardware.Accelerator("cpu", "x86_64", 0, None, None, "cpu")
 
@@ -179,9 +181,9 @@ def test_an_accelerator_is_named_by_gpu_and_compute_capability_or_cpu_architectu
 
 def test_every_shipped_row_names_its_accelerator_as_report_names_one() -> None:
     """A row's accelerator is compared with ``where(hardware.detect())``: one spelled any
-    other way would never be quoted. The H200 rows of 2026-12-03 and 2026-12-04 are among
-    them."""
-    named = {matrix.where(m) for m in (X86, FAKE_H200)}
+    other way would never be quoted. The H200 rows of 2026-12-03 and 2026-12-04 and the H100
+    row of 2026-12-06 are among them."""
+    named = {matrix.where(m) for m in (X86, FAKE_H200, FAKE_H100)}
     rows = matrix.load()
     assert {r.accelerator for r in rows} <= named, {r.accelerator for r in rows} - named
     on_h200 = [r.label() for r in rows if r.accelerator == matrix.where(FAKE_H200)]
@@ -191,6 +193,8 @@ def test_every_shipped_row_names_its_accelerator_as_report_names_one() -> None:
         for s in ("0.4.0.1", "0.3.0")
         for native in backends
     ]
+    on_h100 = [r.label() for r in rows if r.accelerator == matrix.where(FAKE_H100)]
+    assert on_h100 == ["vllm 0.26.0 + speculators 0.4.0.1 (engine backend)"]
 
 
 def test_a_row_without_its_adapter_list_says_not_recorded(tmp_path: Path, monkeypatch) -> None:

