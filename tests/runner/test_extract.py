@@ -9,6 +9,7 @@ import pytest
 
 from specshim import cli
 from specshim.runner import dataset, extract, files
+from specshim.runner.samples import Expected
 
 torch = pytest.importorskip("torch")
 
@@ -228,6 +229,48 @@ def test_a_refused_sample_stops_the_run_with_its_line_and_keeps_the_others(tmp_p
     recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
     assert recorded and "data_4.pt" not in recorded  # (which others: up to the threads)
     assert all(entry.still_there(tmp_path) for entry in recorded.values())
+
+
+class FakeWorkerFilesCountingAskings:
+    """Stands in for vLLM's worker writing the files (a real one is in tests/e2e): writes each
+    announced sample's file when asked what it finished, and counts the askings."""
+
+    def __init__(self) -> None:
+        self.announced: list[Expected] = []
+        self.askings: list[bool] = []  # each asking's ``wait``
+
+    def expect(self, batch: list[Expected]) -> None:
+        self.announced.extend(batch)
+
+    def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
+        self.askings.append(wait)
+        done, self.announced = self.announced, []
+        for e in done:
+            files.save_torch(Path(e.path), {"input_ids": torch.tensor(e.input_ids)})
+        return [(e.path, None) for e in done]
+
+
+class FakeEngineGenerator:
+    """Stands in for the engine backend's generator: states without columns, the worker's
+    files through :attr:`files`."""
+
+    def __init__(self) -> None:
+        self.layer_ids = [1, 2]
+        self.files = FakeWorkerFilesCountingAskings()
+
+    def generate(self, prompts: list[list[int]]) -> list[dict[str, object]]:
+        return [result(p, torch.ones(len(p), 0), torch.ones(len(p), 0)) for p in prompts]
+
+
+def test_the_worker_is_asked_for_its_files_every_128_prompts_not_every_batch(tmp_path) -> None:
+    """Each asking is an RPC to vLLM's worker: with batches of 8, once per 16 batches, and at
+    the end, where every file is recorded."""
+    todo = [sample(i, [10 + i, 11, 12]) for i in range(300)]
+    generator = FakeEngineGenerator()
+    extract._run(generator, tmp_path, todo, ["fp"] * 300, todo, 8, 63, False,
+                 extract.ENGINE_IN_WORKER)  # fmt: skip
+    assert extract.RECORD_EVERY == 128 and generator.files.askings == [False, False, True]
+    assert len(files.Ledger(tmp_path / extract.LEDGER).entries()) == 300
 
 
 def test_other_token_ids_are_refused_with_the_line() -> None:

@@ -636,12 +636,22 @@ class _CallerWrites:
             self.writer.submit(self.out / sample_file(sample), check, self.prints[sample.index])
 
 
+#: Prompts between two askings of the worker for the files it finished (and at the end). Each
+#: asking is an RPC to vLLM's worker (the engine backend's reaches it between two engine
+#: steps); asked after every batch of ``extract``'s default 8 prompts, the engine backend ran
+#: at 0.56 to 0.66 of prefill on an H100 against 0.59 to 0.72 with batches of 128
+#: (docs/benchmarks.md runs 11, 12; the askings the one per-batch cost that differs, not yet
+#: measured apart). A file not yet recorded when the run dies is written again on resume.
+RECORD_EVERY = 128
+
+
 @dataclass
 class _WorkerWrites:
     """vLLM's worker checks and writes the files (the generator backend's ``worker`` hand-off,
-    :mod:`specshim.runner.worker_writer`, or the native backend's connector,
-    :mod:`specshim.runner.native_connector`); this process checks what the generator
-    returned and records each file the worker finished."""
+    :mod:`specshim.runner.worker_writer`, the native backend's connector,
+    :mod:`specshim.runner.native_connector`, or the engine backend's capture); this process
+    checks what the generator returned and records the files the worker finished, every
+    :data:`RECORD_EVERY` prompts and at the end."""
 
     generator: Any
     client: worker_writer.WorkerFilesClient | native.NativeFiles | engine_loop.EngineFiles
@@ -650,6 +660,7 @@ class _WorkerWrites:
     prints: list[str]
     limit: int
     _pending: dict[str, dataset.Sample] = field(default_factory=dict)
+    _unasked: int = 0  # prompts taken since the worker was last asked for finished files
 
     def announce(self, batch: list[dataset.Sample]) -> None:
         expected = []
@@ -665,7 +676,10 @@ class _WorkerWrites:
     def take(self, batch: list[dataset.Sample], results: list[dict[str, Any]]) -> None:
         for sample, result in zip(batch, results, strict=True):
             _checked_ids(result, sample, self.limit, self.generator.layer_ids)
-        self.record(self.client.finished())
+        self._unasked += len(batch)
+        if self._unasked >= RECORD_EVERY:
+            self._unasked = 0
+            self.record(self.client.finished())
 
     def record(self, finished: list[tuple[str, str | None]], failed_ok: bool = False) -> None:
         """Record each file the worker put in place; its first problem is this run's error
