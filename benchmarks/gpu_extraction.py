@@ -327,17 +327,19 @@ def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[st
         for i, p in enumerate(prompts)
     ]  # fmt: skip
     processes = WriterProcesses(writers_from_environment())
-    processes.start()
-    written = []
-    start = time.perf_counter()
-    for job in jobs:
-        while not processes.submit(job):
+    try:
+        processes.start()
+        written = []
+        start = time.perf_counter()
+        for job in jobs:
+            while not processes.submit(job):
+                written.extend(processes.answers(timeout=None))
+        while processes.out:
             written.extend(processes.answers(timeout=None))
-    while processes.out:
-        written.extend(processes.answers(timeout=None))
-    seconds = time.perf_counter() - start
-    processes.close()
-    ring.release()
+        seconds = time.perf_counter() - start
+    finally:
+        processes.close()
+        ring.release()
     if problems := [w.problem for w in written if w.problem]:
         raise RuntimeError(f"disk_processes: {problems[0]}")
     save_cpu = sum(w.seconds.get("save_cpu", 0.0) for w in written)

@@ -42,7 +42,7 @@ def render(rows: list[matrix.Row]) -> str:
     for r in rows:
         lines.append(
             f"| {r.distribution} {r.vllm} | {r.speculators}{' (control)' if r.control else ''}"
-            f"{'' if r.backend == 'generator' else f' ({r.backend} backend)'} | "
+            f"{r.backend_note} | "
             f"{r.accelerator} | {r.transformers or '?'} | {r.torch or '?'} | {r.verdict} | "
             f"{r.level} | {r.measured} | {adapters(r)} |"
         )

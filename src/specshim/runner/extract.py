@@ -500,7 +500,7 @@ def extract(
     from specshim import hardware
 
     hardware.prepare_for_vllm(tensor_parallel_size)
-    backend, why = _choose_backend(backend)
+    backend, why = _choose_backend(backend, _engine_unfit(tensor_parallel_size, handoff))
     if backend == "native":  # who writes is known once vLLM runs (below)
         handoff = NATIVE_READ_BACK
     elif backend == "engine":
@@ -559,17 +559,30 @@ def extract(
     )
 
 
-def _choose_backend(backend: str) -> tuple[str, str]:
+def _engine_unfit(tensor_parallel_size: int, handoff: str) -> str | None:
+    """Why ``--backend auto`` may not take the engine backend for these options, or None: it
+    is measured on one GPU only, and it writes in vLLM's worker, which an asked-for hand-off
+    to this process would silently lose."""
+    if tensor_parallel_size > 1:
+        return (f"--tensor-parallel-size {tensor_parallel_size}: it is measured on one GPU "
+                "only")  # fmt: skip
+    if handoff not in ("auto", "worker"):
+        return f"--handoff {handoff} asked for: it writes in vLLM's worker"
+    return None
+
+
+def _choose_backend(backend: str, engine_unfit: str | None = None) -> tuple[str, str]:
     """The backend to run and why: as asked, or for ``auto`` what the matrix and the
-    installed vLLM support (told on stderr before vLLM starts, and in the summary). ``native``
-    where vLLM cannot run it here is refused before vLLM starts, saying why."""
+    installed vLLM support, the engine backend only where ``engine_unfit`` is None (told on
+    stderr before vLLM starts, and in the summary). ``native`` where vLLM cannot run it here is
+    refused before vLLM starts, saying why."""
     from specshim import report
 
     if backend == "native" and not (native := report.native_here()).available:
         raise ExtractionError(f"--backend native: {native.detail}")
     if backend != "auto":
         return backend, "asked for"
-    choice = report.choose_backend()
+    choice = report.choose_backend(engine_unfit)
     why = f"auto: {choice.reason}"
     console.status("specshim", f"extraction backend: {choice.backend} ({why})")
     return choice.backend, why
@@ -636,12 +649,15 @@ class _CallerWrites:
             self.writer.submit(self.out / sample_file(sample), check, self.prints[sample.index])
 
 
-#: Prompts between two askings of the worker for the files it finished (and at the end). Each
-#: asking is an RPC to vLLM's worker (the engine backend's reaches it between two engine
-#: steps); asked after every batch of ``extract``'s default 8 prompts, the engine backend ran
-#: at 0.56 to 0.66 of prefill on an H100 against 0.59 to 0.72 with batches of 128
-#: (docs/benchmarks.md runs 11, 12; the askings the one per-batch cost that differs, not yet
-#: measured apart). A file not yet recorded when the run dies is written again on resume.
+#: Prompts between two askings of the worker for the files it finished (and at the end). For
+#: the generator's ``worker`` hand-off and the engine backend each asking is an RPC to vLLM's
+#: worker (the engine backend's reaches it between two engine steps; the native backend's is
+#: a look at the connector's lock files). Asked after every batch of ``extract``'s default 8
+#: prompts, the engine backend ran at 0.56 to 0.66 of prefill on an H100 against 0.59 to 0.72
+#: with batches of 128 (docs/benchmarks.md runs 11, 12; the askings the one per-batch cost
+#: that differs, not yet measured apart). A file not yet recorded when the run dies is written
+#: again on resume; a sample the worker refused stops the run at the next asking, up to this
+#: many prompts later.
 RECORD_EVERY = 128
 
 
@@ -682,14 +698,18 @@ class _WorkerWrites:
             self.record(self.client.finished())
 
     def record(self, finished: list[tuple[str, str | None]], failed_ok: bool = False) -> None:
-        """Record each file the worker put in place; its first problem is this run's error
-        (with ``failed_ok``, on the way out of a run already failing, passed over)."""
+        """Record each file the worker put in place, then raise its first problem as this
+        run's error (with ``failed_ok``, on the way out of a run already failing, passed
+        over): the files finished beside a refused sample are kept for the rerun."""
+        problems = []
         for path, problem in finished:
-            if problem is not None and not failed_ok:
-                raise ExtractionError(problem)
             sample = self._pending.pop(path)
             if problem is None:
                 self.ledger.record(Path(path), self.prints[sample.index])
+            else:
+                problems.append(problem)
+        if problems and not failed_ok:
+            raise ExtractionError(problems[0])
 
     def close(self) -> None:
         self.record(self.client.finished(wait=True))

@@ -52,8 +52,8 @@ from specshim.runner.samples import Expected
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
 #: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18),
 #: speculators' capture inside vLLM's own engine loop (:mod:`specshim.runner.engine_loop`),
-#: or ``auto``, the generator or the native path from the matrix and the installed vLLM
-#: (:func:`specshim.report.choose_backend`). The files are the same each way.
+#: or ``auto``, one of them from the matrix and the installed vLLM
+#: (:func:`specshim.report.choose_backend`). The samples are the same each way.
 BACKENDS = ("auto", "generator", "native", "engine")
 
 #: vLLM's writer of the native path, in the worker.

@@ -15,10 +15,11 @@ checked it (PyTorch builds miniz with ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``)
 ``zipfile`` reading an entry to its end does, and would call it corrupt.
 
 A process that refused a sample writes nothing more (its later jobs come back ``skipped``),
-as the writing stops at the first refusal. A process that dies answers for the jobs it held
-with a problem naming it. The processes leave when the worker closes their socket (or dies):
-they finish the file at hand first. They ignore Ctrl-C: the worker decides when to stop, and
-resume rewrites whatever it had not reported.
+and the worker hands out no more jobs: the other processes finish the ones they hold (up to
+:data:`DEPTH` each), and the run stops on the refusal. A process that dies answers for the
+jobs it held with a problem naming it. The processes leave when the worker closes their socket
+(or dies): they finish the file at hand first. They ignore Ctrl-C: the worker decides when
+to stop, and resume rewrites whatever it had not reported.
 
 Run as ``python -m specshim.runner.writer_processes FD``: FD is the process's end of its
 socket pair with the worker.
@@ -48,8 +49,9 @@ WRITER_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
 #: The worker hands jobs out only when the engine calls it (once a step, on its own thread),
 #: so between two steps the processes can write no more than they hold: at 2 a process, 8
 #: processes took 16 of an H100 step's 32 samples and the rest waited, the files 0.23 s behind
-#: the engine at the end (docs/benchmarks.md run 12). Enough for a whole step's samples; the
-#: ring still bounds the bytes waiting.
+#: the engine at the end (docs/benchmarks.md run 12). 16 take a step of 32 samples with room
+#: to spare (with many short prompts a step can hold more: those wait a step); the ring still
+#: bounds the bytes waiting.
 DEPTH = 16
 #: How long a process may take to start (import torch) before the worker gives up on it.
 START_SECONDS = 300
