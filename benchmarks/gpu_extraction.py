@@ -412,7 +412,7 @@ def main() -> None:
     chosen = args.paths.split(",")
     if unknown := [p for p in chosen if p.split("@")[0] not in PATHS]:
         parser.error(f"--paths: unknown {unknown}; expected some of {', '.join(PATHS)}")
-    rates, inside = {}, {}
+    rates, inside, worker_side = {}, {}, {}
     width = max(15, *(len(m) + 2 for m in chosen))
     for mode in chosen:
         try:
@@ -424,6 +424,7 @@ def main() -> None:
             print(f"{mode}: {exc}", file=sys.stderr, flush=True)
             continue
         rates[mode], inside[mode] = found["tokens_per_second"], found.get("inside", {})
+        worker_side[mode] = {k: found[k] for k in ("steps", "handoff") if found.get(k)}
         spent = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(inside[mode].items()))
         print(f"{mode:<{width}}{rates[mode]:>14,.0f} tokens/s in {found['seconds']:.2f} s"
               + (f" ({spent})" if spent else "")
@@ -447,7 +448,12 @@ def main() -> None:
     print("(disk: the faster of the disk paths)")
     save_results(
         "gpu_extraction",
-        {"rates": rates, "inside": inside, "args": vars(args) | {"work": str(work)}},
+        {
+            "rates": rates,
+            "inside": inside,
+            "worker": worker_side,
+            "args": vars(args) | {"work": str(work)},
+        },
     )
 
 
