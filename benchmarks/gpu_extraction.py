@@ -298,33 +298,39 @@ def _settings(mode: str) -> dict[str, str]:
 
 def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[str, Any]:
     """The writer processes alone, the ceiling for a path that writes through them: every
-    sample's states already in the ring (one sample's bytes, ones, which every job reads, with
-    the (min, max) the worker would have computed on the GPU), the processes started before
-    the clock, as the engine's start does; timed from the first job handed out to the last
-    file written."""
+    sample's states already in a ring of the worker's size (as many samples' slots as fit, all
+    ones, each with the (min, max) the worker would have computed on the GPU; the jobs take
+    the slots in turn, so that the processes read memory, not one sample's bytes from the
+    cache), the processes started before the clock, as the engine's start does; timed from the
+    first job handed out to the last file written."""
     import torch
 
     from specshim.runner.handoff import aligned
     from specshim.runner.host_ring import HostRing
     from specshim.runner.samples import Expected
-    from specshim.runner.worker_writer import writers_from_environment
+    from specshim.runner.worker_writer import RING_BYTES, writers_from_environment
     from specshim.runner.writer_processes import WriteJob, WriterProcesses
 
     out.mkdir(parents=True, exist_ok=True)
     longest = max(map(len, prompts))
     layer_bytes = aligned(longest * hidden * 2)
+    extremes_at = LAYER_COUNT * layer_bytes  # in each slot
+    slot_bytes = extremes_at + aligned(8 * LAYER_COUNT)
+    slots = max(1, RING_BYTES // slot_bytes)
     ring = HostRing()
-    ring.hold(LAYER_COUNT * layer_bytes + 2 * 4 * LAYER_COUNT, cuda=False)
-    ring.memory[: LAYER_COUNT * layer_bytes].view(torch.bfloat16).fill_(1)
-    extremes_at = LAYER_COUNT * layer_bytes
-    ring.memory[extremes_at : extremes_at + 8 * LAYER_COUNT].view(torch.float32).fill_(1)
+    ring.hold(slots * slot_bytes, cuda=False)
+    for slot in range(0, slots * slot_bytes, slot_bytes):
+        ring.memory[slot : slot + extremes_at].view(torch.bfloat16).fill_(1)
+        extremes = ring.memory[slot + extremes_at : slot + extremes_at + 8 * LAYER_COUNT]
+        extremes.view(torch.float32).fill_(1)
     place = (str(ring.buffer.path), ring.size)
     jobs = [
         WriteJob(i, Expected(str(out / f"data_{i}.pt"), p, [1] * len(p), f"prompt {i}"),
                  list(range(LAYER_COUNT)), place, "bfloat16",
-                 [(layer * layer_bytes, (len(p), hidden)) for layer in range(LAYER_COUNT)],
-                 extremes_at)
+                 [(slot + layer * layer_bytes, (len(p), hidden)) for layer in range(LAYER_COUNT)],
+                 slot + extremes_at)
         for i, p in enumerate(prompts)
+        for slot in [i % slots * slot_bytes]
     ]  # fmt: skip
     processes = WriterProcesses(writers_from_environment())
     try:

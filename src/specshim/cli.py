@@ -154,7 +154,8 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="how the hidden states leave vLLM's worker: speculators' RPC, CUDA IPC (a CUDA "
         "device only), one shared host buffer in /dev/shm, or not at all: the worker writes "
         "the files (the same tensors bit for bit each way; docs/benchmarks.md section 6); "
-        "auto: worker on one CUDA device, rpc otherwise",
+        "auto: worker on one CUDA device, rpc otherwise. rpc, ipc and shm are the generator "
+        "backend's: with --backend auto they choose it; engine and native refuse them",
     )
     command.add_argument(
         "--backend",

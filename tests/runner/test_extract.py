@@ -231,21 +231,32 @@ def test_a_refused_sample_stops_the_run_with_its_line_and_keeps_the_others(tmp_p
     assert all(entry.still_there(tmp_path) for entry in recorded.values())
 
 
-class FakeWorkerFilesCountingAskings:
-    """Stands in for vLLM's worker writing the files (a real one is in tests/e2e): writes each
-    announced sample's file when asked what it finished, and counts the askings."""
+class FakeWorkerFiles:
+    """Stands in for vLLM's worker writing the files (a real one is in tests/e2e): when asked
+    what it finished, writes the file of each announced sample the generator fetched; counts
+    the askings; like ``WorkerFiles``, asked to wait while announced samples were never
+    fetched, raises instead of answering."""
 
     def __init__(self, refuse: str = "") -> None:
         self.announced: list[Expected] = []
+        self.fetched: list[Expected] = []
         self.askings: list[bool] = []  # each asking's ``wait``
         self.refuse = refuse  # the file name of a sample refused (NaN states, say)
 
     def expect(self, batch: list[Expected]) -> None:
         self.announced.extend(batch)
 
+    def fetch(self, count: int) -> None:
+        self.fetched += self.announced[:count]
+        del self.announced[:count]
+
     def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
         self.askings.append(wait)
-        done, self.announced = self.announced, []
+        if wait and self.announced:
+            raise RuntimeError(
+                f"worker writer: {len(self.announced)} announced samples were never fetched"
+            )
+        done, self.fetched = self.fetched, []
         answers: list[tuple[str, str | None]] = []
         for e in done:
             if Path(e.path).name == self.refuse:
@@ -258,13 +269,19 @@ class FakeWorkerFilesCountingAskings:
 
 class FakeEngineGenerator:
     """Stands in for the engine backend's generator: states without columns, the worker's
-    files through :attr:`files`."""
+    files through :attr:`files`; its call number ``fail_at`` raises, as a dying engine."""
 
-    def __init__(self, refuse: str = "") -> None:
+    def __init__(self, refuse: str = "", fail_at: int = 0) -> None:
         self.layer_ids = [1, 2]
-        self.files = FakeWorkerFilesCountingAskings(refuse)
+        self.files = FakeWorkerFiles(refuse)
+        self.calls = 0
+        self.fail_at = fail_at
 
     def generate(self, prompts: list[list[int]]) -> list[dict[str, object]]:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("vLLM's engine core died")
+        self.files.fetch(len(prompts))
         return [result(p, torch.ones(len(p), 0), torch.ones(len(p), 0)) for p in prompts]
 
 
@@ -291,19 +308,44 @@ def test_a_sample_the_worker_refused_stops_the_run_after_recording_the_others(tm
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(20) if i != 3)
 
 
-@pytest.mark.parametrize(
-    ("tensor_parallel_size", "handoff", "unfit"),
-    [
-        (1, "auto", None),
-        (1, "worker", None),
-        (2, "auto", "--tensor-parallel-size 2: it is measured on one GPU only"),
-        (1, "rpc", "--handoff rpc asked for: it writes in vLLM's worker"),
-    ],
-)
-def test_auto_takes_the_engine_backend_only_where_the_options_allow(
-    tensor_parallel_size: int, handoff: str, unfit: str | None
+def test_a_failed_run_records_the_files_the_worker_finished_before_it(tmp_path) -> None:
+    """The worker is asked every 128 prompts: a run dying in its 15th batch of 8 has 112 files
+    finished and not yet recorded. They go in the ledger (a rerun keeps them), although asking
+    the worker to wait for the rest raises (the failed batch was never fetched)."""
+    todo = [sample(i, [10 + i, 11, 12]) for i in range(200)]
+    generator = FakeEngineGenerator(fail_at=15)
+    with pytest.raises(RuntimeError, match="engine core died"):
+        extract._run(generator, tmp_path, todo, ["fp"] * 200, todo, 8, 63, False,
+                     extract.ENGINE_IN_WORKER)  # fmt: skip
+    assert generator.files.askings == [False, True]
+    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(112))
+
+
+def test_auto_takes_the_engine_backend_on_one_gpu_only() -> None:
+    assert extract._engine_unfit(1) is None
+    assert extract._engine_unfit(2) == "--tensor-parallel-size 2: it is measured on one GPU only"
+
+
+@pytest.mark.parametrize("backend", ["native", "engine"])
+@pytest.mark.parametrize("handoff", ["rpc", "ipc", "shm"])
+def test_a_generator_handoff_with_a_backend_writing_in_the_worker_is_refused(
+    backend: str, handoff: str
 ) -> None:
-    assert extract._engine_unfit(tensor_parallel_size, handoff) == unfit
+    """Not dropped in silence: the user would measure a hand-off that never ran."""
+    with pytest.raises(extract.ExtractionError, match=(
+        rf"^--handoff {handoff} is how speculators' generator hands its states over; the "
+        rf"{backend} backend writes in vLLM's worker: leave --handoff out, or ask for "
+        r"--backend generator$"
+    )):  # fmt: skip
+        extract._choose_backend(backend, 1, handoff)
+
+
+@pytest.mark.parametrize("handoff", ["rpc", "ipc", "shm"])
+def test_auto_with_a_generator_handoff_runs_the_generator(handoff: str) -> None:
+    assert extract._choose_backend("auto", 1, handoff) == (
+        "generator", f"auto: --handoff {handoff} asked for, a hand-off of speculators' generator"
+    )  # fmt: skip
 
 
 def test_other_token_ids_are_refused_with_the_line() -> None:

@@ -233,6 +233,21 @@ def test_a_writer_process_that_dies_is_named_for_the_samples_it_held(tmp_path) -
     assert problem == f"writer process {process.popen.pid} exited with code -9 before writing it"
 
 
+def test_a_process_the_worker_left_while_it_wrote_finishes_the_file_quietly(
+    tmp_path, capfd
+) -> None:
+    """The worker closes the socket (its run ended, or failed) while a file is being written:
+    the process finishes the file and leaves without a traceback on the user's terminal."""
+    writer = WorkerFiles(layers=[1], writers=1)
+    batch = expected(tmp_path, [4096])
+    writer.expect(batch)
+    writer.reply([torch.randn(4096, 1024).to(torch.bfloat16)])
+    assert writer._processes.out == 1
+    writer._processes.close()  # waits for the process to leave
+    assert torch.load(batch[0].path, weights_only=True)["input_ids"].tolist() == batch[0].input_ids
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_a_writer_process_that_exits_before_it_is_ready_is_one_line(monkeypatch) -> None:
     from specshim.runner import writer_processes
 

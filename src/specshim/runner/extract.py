@@ -483,6 +483,7 @@ def extract(
         raise ExtractionError(
             f"--backend must be one of {', '.join(native.BACKENDS)}, got {backend!r}"
         )
+    asked_handoff = handoff
     try:
         handoff = handoffs.choose(handoff, tensor_parallel_size)
     except ValueError as exc:
@@ -500,7 +501,7 @@ def extract(
     from specshim import hardware
 
     hardware.prepare_for_vllm(tensor_parallel_size)
-    backend, why = _choose_backend(backend, _engine_unfit(tensor_parallel_size, handoff))
+    backend, why = _choose_backend(backend, tensor_parallel_size, asked_handoff)
     if backend == "native":  # who writes is known once vLLM runs (below)
         handoff = NATIVE_READ_BACK
     elif backend == "engine":
@@ -559,30 +560,43 @@ def extract(
     )
 
 
-def _engine_unfit(tensor_parallel_size: int, handoff: str) -> str | None:
+def _engine_unfit(tensor_parallel_size: int) -> str | None:
     """Why ``--backend auto`` may not take the engine backend for these options, or None: it
-    is measured on one GPU only, and it writes in vLLM's worker, which an asked-for hand-off
-    to this process would silently lose."""
+    is measured on one GPU only."""
     if tensor_parallel_size > 1:
         return (f"--tensor-parallel-size {tensor_parallel_size}: it is measured on one GPU "
                 "only")  # fmt: skip
-    if handoff not in ("auto", "worker"):
-        return f"--handoff {handoff} asked for: it writes in vLLM's worker"
     return None
 
 
-def _choose_backend(backend: str, engine_unfit: str | None = None) -> tuple[str, str]:
+def _choose_backend(
+    backend: str, tensor_parallel_size: int = 1, handoff: str = "auto"
+) -> tuple[str, str]:
     """The backend to run and why: as asked, or for ``auto`` what the matrix and the
-    installed vLLM support, the engine backend only where ``engine_unfit`` is None (told on
-    stderr before vLLM starts, and in the summary). ``native`` where vLLM cannot run it here is
-    refused before vLLM starts, saying why."""
+    installed vLLM support, the engine backend only where :func:`_engine_unfit` allows (told
+    on stderr before vLLM starts, and in the summary). Refused before vLLM starts, saying why:
+    ``native`` where vLLM cannot run it here, and ``--handoff`` rpc, ipc or shm with a backend
+    that writes in vLLM's worker. Those three are how speculators' generator hands its states
+    to this process, so with ``auto`` they choose the generator: dropped silently, the user
+    would measure or debug a hand-off that never ran."""
     from specshim import report
 
+    if handoff in handoffs.FOR_GENERATOR and backend in ("native", "engine"):
+        raise ExtractionError(
+            f"--handoff {handoff} is how speculators' generator hands its states over; the "
+            f"{backend} backend writes in vLLM's worker: leave --handoff out, or ask for "
+            "--backend generator"
+        )
     if backend == "native" and not (native := report.native_here()).available:
         raise ExtractionError(f"--backend native: {native.detail}")
     if backend != "auto":
         return backend, "asked for"
-    choice = report.choose_backend(engine_unfit)
+    if handoff in handoffs.FOR_GENERATOR:
+        choice = report.BackendChoice(
+            "generator", f"--handoff {handoff} asked for, a hand-off of speculators' generator"
+        )
+    else:
+        choice = report.choose_backend(_engine_unfit(tensor_parallel_size))
     why = f"auto: {choice.reason}"
     console.status("specshim", f"extraction backend: {choice.backend} ({why})")
     return choice.backend, why
@@ -656,8 +670,8 @@ class _CallerWrites:
 #: prompts, the engine backend ran at 0.56 to 0.66 of prefill on an H100 against 0.59 to 0.72
 #: with batches of 128 (docs/benchmarks.md runs 11, 12; the askings the one per-batch cost
 #: that differs, not yet measured apart). A file not yet recorded when the run dies is written
-#: again on resume; a sample the worker refused stops the run at the next asking, up to this
-#: many prompts later.
+#: again on resume; a sample the worker refused stops the run at the next asking, at most
+#: this many prompts and a batch later.
 RECORD_EVERY = 128
 
 
@@ -740,8 +754,13 @@ def _writer(
     try:
         yield writes
     except BaseException:  # an error or Ctrl-C: keep the files the worker finished
-        with contextlib.suppress(Exception):
-            writes.record(client.finished(wait=True), failed_ok=True)
+        # First those finished already, then the rest: waiting also checks that every
+        # announced sample was fetched, which a failed run's were not, and raises, dropping
+        # the files it would have named (up to RECORD_EVERY prompts' worth, written again on
+        # resume).
+        for wait in (False, True):
+            with contextlib.suppress(Exception):
+                writes.record(client.finished(wait=wait), failed_ok=True)
         raise
     writes.close()
 

@@ -16,10 +16,11 @@ checked it (PyTorch builds miniz with ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``)
 
 A process that refused a sample writes nothing more (its later jobs come back ``skipped``),
 and the worker hands out no more jobs: the other processes finish the ones they hold (up to
-:data:`DEPTH` each), and the run stops on the refusal. A process that dies answers for the
-jobs it held with a problem naming it. The processes leave when the worker closes their socket
-(or dies): they finish the file at hand first. They ignore Ctrl-C: the worker decides when
-to stop, and resume rewrites whatever it had not reported.
+:data:`DEPTH` each), and the run stops on the refusal once ``extract`` next asks for the
+finished files. A process that dies answers for the jobs it held with a problem naming it. The
+processes leave when the worker closes their socket (or dies): they finish the file at hand
+first, and leave without answering for it where the socket is gone. They ignore Ctrl-C: the
+worker decides when to stop, and resume rewrites whatever it had not reported.
 
 Run as ``python -m specshim.runner.writer_processes FD``: FD is the process's end of its
 socket pair with the worker.
@@ -265,7 +266,10 @@ def serve(connection: Connection) -> None:
                 answer = Written(job.key, job.expected.path,
                                  f"writer process {os.getpid()} failed: {exc!r}")  # fmt: skip
             refused = answer.problem is not None
-        connection.send(answer)
+        try:
+            connection.send(answer)
+        except OSError:  # the worker closed the socket while this file was written: it left
+            return
 
 
 if __name__ == "__main__":  # under its own name, so that what it sends unpickles in the worker
