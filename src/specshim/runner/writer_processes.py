@@ -52,7 +52,9 @@ WRITER_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
 #: processes took 16 of an H100 step's 32 samples and the rest waited, the files 0.23 s behind
 #: the engine at the end (docs/benchmarks.md run 12). 16 take a step of 32 samples with room
 #: to spare (with many short prompts a step can hold more: those wait a step); the ring still
-#: bounds the bytes waiting.
+#: bounds the bytes waiting. A job's token ids travel through the socket (about 6 bytes a
+#: token): 16 jobs of long prompts can fill its buffer, and then the worker waits for the
+#: process to take one, as it waits for ring room: only where the writers are behind anyway.
 DEPTH = 16
 #: How long a process may take to start (import torch) before the worker gives up on it.
 START_SECONDS = 300
