@@ -330,15 +330,18 @@ def test_auto_takes_the_engine_backend_on_one_gpu_only() -> None:
 @pytest.mark.parametrize("backend", ["native", "engine"])
 @pytest.mark.parametrize("handoff", ["rpc", "ipc", "shm"])
 def test_a_generator_handoff_with_a_backend_writing_in_the_worker_is_refused(
-    backend: str, handoff: str
+    tmp_path, backend: str, handoff: str
 ) -> None:
-    """Not dropped in silence: the user would measure a hand-off that never ran."""
+    """Not dropped in silence (the user would measure a hand-off that never ran), and refused
+    before anything is made: no output folder."""
     with pytest.raises(extract.ExtractionError, match=(
         rf"^--handoff {handoff} is how speculators' generator hands its states over; the "
         rf"{backend} backend writes in vLLM's worker: leave --handoff out, or ask for "
         r"--backend generator$"
     )):  # fmt: skip
-        extract._choose_backend(backend, 1, handoff)
+        extract.extract("no-model", tmp_path / "rows.jsonl", tmp_path / "out",
+                        handoff=handoff, backend=backend)  # fmt: skip
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("handoff", ["rpc", "ipc", "shm"])

@@ -483,6 +483,12 @@ def extract(
         raise ExtractionError(
             f"--backend must be one of {', '.join(native.BACKENDS)}, got {backend!r}"
         )
+    if handoff in handoffs.FOR_GENERATOR and backend in ("native", "engine"):
+        raise ExtractionError(
+            f"--handoff {handoff} is how speculators' generator hands its states over; the "
+            f"{backend} backend writes in vLLM's worker: leave --handoff out, or ask for "
+            "--backend generator"
+        )
     asked_handoff = handoff
     try:
         handoff = handoffs.choose(handoff, tensor_parallel_size)
@@ -574,19 +580,13 @@ def _choose_backend(
 ) -> tuple[str, str]:
     """The backend to run and why: as asked, or for ``auto`` what the matrix and the
     installed vLLM support, the engine backend only where :func:`_engine_unfit` allows (told
-    on stderr before vLLM starts, and in the summary). Refused before vLLM starts, saying why:
-    ``native`` where vLLM cannot run it here, and ``--handoff`` rpc, ipc or shm with a backend
-    that writes in vLLM's worker. Those three are how speculators' generator hands its states
-    to this process, so with ``auto`` they choose the generator: dropped silently, the user
-    would measure or debug a hand-off that never ran."""
+    on stderr before vLLM starts, and in the summary). ``native`` where vLLM cannot run it
+    here is refused before vLLM starts, saying why. ``--handoff`` rpc, ipc or shm are how
+    speculators' generator hands its states to this process, so with ``auto`` they choose the
+    generator (``extract`` refuses them with the backends that write in vLLM's worker):
+    dropped silently, the user would measure or debug a hand-off that never ran."""
     from specshim import report
 
-    if handoff in handoffs.FOR_GENERATOR and backend in ("native", "engine"):
-        raise ExtractionError(
-            f"--handoff {handoff} is how speculators' generator hands its states over; the "
-            f"{backend} backend writes in vLLM's worker: leave --handoff out, or ask for "
-            "--backend generator"
-        )
     if backend == "native" and not (native := report.native_here()).available:
         raise ExtractionError(f"--backend native: {native.detail}")
     if backend != "auto":
