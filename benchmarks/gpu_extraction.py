@@ -41,6 +41,12 @@ writes the states must stay under):
 
     python benchmarks/gpu_extraction.py [--prompts 512 --length 512 --hidden 2048 --layers 16]
         [--paths vllm_prefill,native,extract_engine,extract_engine@writers=4,disk,disk_writer]
+        [--repeat 3]
+
+With ``--repeat N`` every path runs N times, in N rounds of all the paths (so that a drift of
+the machine's speed reaches every path alike), each ``extract_*`` run in an empty folder; the
+table gives each path's median run and the spread of its runs against prefill's median (one
+H100 gave the same path 0.59 and 0.72 of prefill in two runs, docs/benchmarks.md run 12).
 
 The model is a Llama with random bf16 weights, built here (no download).
 """
@@ -52,6 +58,8 @@ import collections
 import json
 import os
 import random
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -380,6 +388,12 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
     print("RESULT", json.dumps(result), flush=True)
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median rate (the lower of the middle two where their number is even)."""
+    rate = statistics.median_low(run["tokens_per_second"] for run in runs)
+    return next(run for run in runs if run["tokens_per_second"] == rate)
+
+
 def compare_files(one: Path, other: Path) -> tuple[int, float]:
     """How many data_*.pt files ``other`` holds, and the worst relative error of its states
     against ``one``'s (0.0: equal tensor for tensor). The file sets, token ids, loss masks and
@@ -409,6 +423,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset")
     parser.add_argument("--work", type=Path, default=None, help="default: a new temp folder")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each path, in rounds")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="specshim-gpu-bench-"))
     model = build_model(work / "model", args.hidden, args.layers)
@@ -416,27 +431,38 @@ def main() -> None:
     write_prompts(data, args.prompts, args.length, vocab=384)
     max_len = args.length + 16
     chosen = args.paths.split(",")
+    if args.repeat < 1:
+        parser.error(f"--repeat: expected at least 1, got {args.repeat}")
     if unknown := [p for p in chosen if p.split("@")[0] not in PATHS]:
         parser.error(f"--paths: unknown {unknown}; expected some of {', '.join(PATHS)}")
-    rates, inside, worker_side = {}, {}, {}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in chosen}
     width = max(15, *(len(m) + 2 for m in chosen))
-    for mode in chosen:
-        try:
-            found = run_worker(
-                Path(__file__), "--worker", mode, str(model), str(data), str(max_len),
-                str(args.hidden), str(work), timeout=1200,
-            )  # fmt: skip
-        except RuntimeError as exc:  # one path failing leaves the others' figures
-            print(f"{mode}: {exc}", file=sys.stderr, flush=True)
-            continue
-        rates[mode], inside[mode] = found["tokens_per_second"], found.get("inside", {})
-        worker_side[mode] = {k: found[k] for k in ("steps", "handoff") if found.get(k)}
-        spent = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(inside[mode].items()))
-        print(f"{mode:<{width}}{rates[mode]:>14,.0f} tokens/s in {found['seconds']:.2f} s"
-              + (f" ({spent})" if spent else "")
-              + (f" steps: at most {found['steps']}" if found.get("steps") else "")
-              + (f" worker: {found['handoff']}" if found.get("handoff") else ""),
-              file=sys.stderr, flush=True)  # fmt: skip
+    for _ in range(args.repeat):
+        for mode in chosen:
+            if mode.startswith("extract_"):  # else it would resume the last run's folder
+                shutil.rmtree(work / mode, ignore_errors=True)
+            try:
+                found = run_worker(
+                    Path(__file__), "--worker", mode, str(model), str(data), str(max_len),
+                    str(args.hidden), str(work), timeout=1200,
+                )  # fmt: skip
+            except RuntimeError as exc:  # one path failing leaves the others' figures
+                print(f"{mode}: {exc}", file=sys.stderr, flush=True)
+                continue
+            runs[mode].append(found)
+            spent = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(found.get("inside", {}).items()))
+            print(f"{mode:<{width}}{found['tokens_per_second']:>14,.0f} tokens/s in "
+                  f"{found['seconds']:.2f} s" + (f" ({spent})" if spent else "")
+                  + (f" steps: at most {found['steps']}" if found.get("steps") else "")
+                  + (f" worker: {found['handoff']}" if found.get("handoff") else ""),
+                  file=sys.stderr, flush=True)  # fmt: skip
+    median = {mode: _median_run(found) for mode, found in runs.items() if found}
+    rates = {mode: run["tokens_per_second"] for mode, run in median.items()}
+    inside = {mode: run.get("inside", {}) for mode, run in median.items()}
+    worker_side = {
+        mode: {k: run[k] for k in ("steps", "handoff") if run.get(k)}
+        for mode, run in median.items()
+    }
     written = [m for m in rates if m.startswith("extract_")]
     for mode in written[1:]:
         compared, worst = compare_files(work / written[0], work / mode)
@@ -446,18 +472,29 @@ def main() -> None:
     disk = max((r for m, r in rates.items() if m.startswith("disk")), default=0)
     ceiling = min((r for r in (rates.get("vllm_prefill", 0), disk) if r), default=0)
     print(f"\n{args.prompts} prompts x {args.length} tokens, Llama {args.layers} x {args.hidden}")
-    print(f"{'path':<{width}}{'tokens/s':>14}{'vs prefill':>12}{'vs min(prefill, disk)':>24}")
+    print(f"{'path':<{width}}{'tokens/s':>14}{'vs prefill':>12}{'vs min(prefill, disk)':>24}"
+          + ("  runs vs prefill" if args.repeat > 1 else ""))  # fmt: skip
     for mode, rate in rates.items():
         vs_base = f"{rate / base:.3f}" if base else "-"
         vs_ceiling = f"{rate / ceiling:.3f}" if ceiling else "-"
-        print(f"{mode:<{width}}{rate:>14,.0f}{vs_base:>12}{vs_ceiling:>24}")
-    print("(disk: the faster of the disk paths)")
+        each = sorted(run["tokens_per_second"] / base for run in runs[mode]) if base else []
+        spread = (
+            f"  {len(each)}: {each[0]:.3f} to {each[-1]:.3f}" if args.repeat > 1 and each else ""
+        )
+        print(f"{mode:<{width}}{rate:>14,.0f}{vs_base:>12}{vs_ceiling:>24}{spread}")
+    print(
+        "(disk: the faster of the disk paths"
+        + ("; each path's median run)" if args.repeat > 1 else ")")
+    )
     save_results(
         "gpu_extraction",
         {
             "rates": rates,
             "inside": inside,
             "worker": worker_side,
+            "runs": {
+                mode: [run["tokens_per_second"] for run in found] for mode, found in runs.items()
+            },
             "args": vars(args) | {"work": str(work)},
         },
     )
