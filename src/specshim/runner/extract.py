@@ -101,6 +101,7 @@ class Summary:
     # how much one engine step took at most, and vLLM's memory fraction:
     # "32 prompts, 8,192 tokens (gpu_memory_utilization 0.8)"
     engine: str = ""
+    recomputed: int = 0  # prompts vLLM preempted part-way and computed again (engine backend)
 
     def text(self) -> str:
         """The summary as the lines ``specshim extract`` prints at the end."""
@@ -115,6 +116,13 @@ class Summary:
         ]
         if self.engine:
             lines.append(f"engine steps: at most {self.engine}")
+        if self.recomputed:
+            lines.append(
+                f"recomputed: {self.recomputed} prompts that vLLM preempted part-way for KV "
+                "cache room and computed again (their files hold the second pass); fewer "
+                "tokens a step (--max-num-batched-tokens) or more memory "
+                "(--gpu-memory-utilization) spare that work"
+            )
         if self.redone:
             lines.append(
                 f"extracted again, their row changed or their file was damaged or unrecorded: "
@@ -529,6 +537,7 @@ def extract(
     extracted: Progress | None = None  # the run's bar: its rate and time go to the summary
     verified = ""
     taken = ""
+    recomputed = 0
     if work.todo or verify or not _config_current(out, len(samples)):
         with _generator(
             model, layers, max_model_len, tensor_parallel_size, handoff, backend, out, engine
@@ -544,6 +553,8 @@ def extract(
             _save_data_config(generator, out, data, max_model_len, len(samples))
             if verify:
                 verified = _verify(generator, out, samples, verify, layers)
+            if backend == "engine":
+                recomputed = generator.recomputed()
     files.save_torch(out / "token_freq.pt", _token_freq(samples, limit))
     files.save_json(
         out / "sample_lengths.json",
@@ -563,6 +574,7 @@ def extract(
         handoff=handoff,
         backend=f"{backend} ({why})",
         engine=taken,
+        recomputed=recomputed,
     )
 
 
