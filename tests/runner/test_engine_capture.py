@@ -187,3 +187,21 @@ def test_under_model_runner_v2_a_resumed_prompt_comes_as_new_and_is_computed_aga
     assert capture.finished(wait=True) == [(a.path, None)]
     saved = torch.load(a.path, weights_only=True)["hidden_states"]
     assert saved[0][:, 0].tolist() == [1, 2, 3, 4] and capture.recomputed == 1
+
+
+def test_a_preempted_prompt_lets_go_of_its_states_at_once(tmp_path) -> None:
+    """vLLM names the requests it preempted since the last step (``preempted_req_ids``): their
+    chunks, views of whole steps' states on the device, are dropped then, not at resume."""
+    a, params = announced(tmp_path, 0, [5, 6, 7, 8])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 2}))
+    capture.store(states(2, start=100))
+    preempted = fake_scheduler_output([], {})
+    preempted.preempted_req_ids = {"a"}
+    capture.schedule(preempted)
+    assert capture.prompts["a"].chunks == [] and capture.recomputed == 1
+    capture.schedule(fake_scheduler_output([], {"a": 4}, computed={"a": 0}))
+    capture.store(states(4))
+    assert capture.finished(wait=True) == [(a.path, None)] and capture.recomputed == 1
+    saved = torch.load(a.path, weights_only=True)["hidden_states"]
+    assert saved[0][:, 0].tolist() == [1, 2, 3, 4]

@@ -237,11 +237,12 @@ class FakeWorkerFiles:
     the askings; like ``WorkerFiles``, asked to wait while announced samples were never
     fetched, raises instead of answering."""
 
-    def __init__(self, refuse: str = "") -> None:
+    def __init__(self, refuse: str = "", lose: str = "") -> None:
         self.announced: list[Expected] = []
         self.fetched: list[Expected] = []
         self.askings: list[bool] = []  # each asking's ``wait``
         self.refuse = refuse  # the file name of a sample refused (NaN states, say)
+        self.lose = lose  # the file name of a sample never reported (its request aborted)
 
     def expect(self, batch: list[Expected]) -> None:
         self.announced.extend(batch)
@@ -259,6 +260,8 @@ class FakeWorkerFiles:
         done, self.fetched = self.fetched, []
         answers: list[tuple[str, str | None]] = []
         for e in done:
+            if Path(e.path).name == self.lose:
+                continue
             if Path(e.path).name == self.refuse:
                 answers.append((e.path, f"{e.where}, layer 1: states hold NaN or Inf"))
                 continue
@@ -271,9 +274,9 @@ class FakeEngineGenerator:
     """Stands in for the engine backend's generator: states without columns, the worker's
     files through :attr:`files`; its call number ``fail_at`` raises, as a dying engine."""
 
-    def __init__(self, refuse: str = "", fail_at: int = 0) -> None:
+    def __init__(self, refuse: str = "", fail_at: int = 0, lose: str = "") -> None:
         self.layer_ids = [1, 2]
-        self.files = FakeWorkerFiles(refuse)
+        self.files = FakeWorkerFiles(refuse, lose)
         self.calls = 0
         self.fail_at = fail_at
 
@@ -320,6 +323,21 @@ def test_a_failed_run_records_the_files_the_worker_finished_before_it(tmp_path) 
     assert generator.files.askings == [False, True]
     recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(112))
+
+
+def test_a_sample_the_worker_never_reported_fails_the_run_naming_it(tmp_path) -> None:
+    """vLLM ended its request before it ran (aborted): no file, no answer. The run must not
+    say it succeeded with a file missing."""
+    todo = [sample(i, [10 + i, 11, 12], line=i + 1) for i in range(20)]
+    generator = FakeEngineGenerator(lose="data_5.pt")
+    with pytest.raises(extract.ExtractionError, match=(
+        r"^vLLM's worker never reported 1 announced samples, the first line 6 \(data_5.pt\): "
+        r"run the same command to extract them$"
+    )):  # fmt: skip
+        extract._run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
+                     extract.ENGINE_IN_WORKER)  # fmt: skip
+    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(20) if i != 5)
 
 
 def test_auto_takes_the_engine_backend_on_one_gpu_only() -> None:

@@ -121,6 +121,13 @@ class StepCapture:
     def schedule(self, scheduler_output: Any) -> None:
         """Before a step runs: its new requests, how many tokens each request runs, and from
         which of its tokens."""
+        # Preempted since the last step: its states so far are computed again, so let go of
+        # them now, not when it resumes (each chunk is a view of a whole step's states on the
+        # device, held while the KV cache is short). vLLM 0.12+ names them; before, _begin.
+        for request in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            if (prompt := self.prompts.get(request)) is not None and prompt.seen:
+                prompt.rewind(0)
+                self.recomputed += 1
         for new in scheduler_output.scheduled_new_reqs:
             if new.req_id in self.prompts:  # resumed after a preemption (so under V2)
                 continue

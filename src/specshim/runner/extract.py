@@ -738,7 +738,17 @@ class _WorkerWrites:
             raise ExtractionError(problems[0])
 
     def close(self) -> None:
+        """Record every file the worker finished; an announced sample it never reported (vLLM
+        ended its request before it ran: aborted) is this run's error, not a missing file in a
+        run that says it succeeded."""
         self.record(self.client.finished(wait=True))
+        if self._pending:
+            path, sample = next(iter(self._pending.items()))
+            raise ExtractionError(
+                f"vLLM's worker never reported {len(self._pending)} announced samples, the "
+                f"first line {sample.line} ({Path(path).name}): run the same command to "
+                "extract them"
+            )
 
 
 @contextlib.contextmanager
