@@ -126,8 +126,7 @@ class StepCapture:
         # device, held while the KV cache is short). vLLM 0.12+ names them; before, _begin.
         for request in getattr(scheduler_output, "preempted_req_ids", None) or ():
             if (prompt := self.prompts.get(request)) is not None and prompt.seen:
-                prompt.rewind(0)
-                self.recomputed += 1
+                self._recompute(prompt, 0)
         for new in scheduler_output.scheduled_new_reqs:
             if new.req_id in self.prompts:  # resumed after a preemption (so under V2)
                 continue
@@ -196,9 +195,13 @@ class StepCapture:
                 f"{begin}, but the states of only {prompt.seen} of its tokens were captured"
             )
         if begin < prompt.seen:
-            prompt.rewind(begin)
-            self.recomputed += 1
-        return int(begin)
+            self._recompute(prompt, begin)
+        return begin
+
+    def _recompute(self, prompt: _Prompt, start: int) -> None:
+        """vLLM computes ``prompt`` again from token ``start``: forget what came after."""
+        prompt.rewind(start)
+        self.recomputed += 1
 
     def finished(self, wait: bool) -> list[tuple[str, str | None]]:
         """:meth:`WorkerFiles.finished`; with ``wait``, a prompt never completed is an error."""

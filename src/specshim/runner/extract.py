@@ -743,10 +743,10 @@ class _WorkerWrites:
         run that says it succeeded."""
         self.record(self.client.finished(wait=True))
         if self._pending:
-            path, sample = next(iter(self._pending.items()))
+            sample = next(iter(self._pending.values()))
             raise ExtractionError(
                 f"vLLM's worker never reported {len(self._pending)} announced samples, the "
-                f"first line {sample.line} ({Path(path).name}): run the same command to "
+                f"first line {sample.line} ({sample_file(sample)}): run the same command to "
                 "extract them"
             )
 
