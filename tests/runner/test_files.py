@@ -1,5 +1,7 @@
 """Atomic writes leave either the whole file or nothing."""
 
+import contextlib
+import re
 import threading
 from pathlib import Path
 
@@ -124,6 +126,50 @@ def test_a_write_on_a_full_disk_says_so_and_leaves_nothing(small_disk) -> None:
     writer.submit(disk / "data_2.pt", {"x": torch.zeros(256 << 10)})
     with pytest.raises(files.WriteError, match=r"^writing extracted samples failed: no space"):
         writer.close()
+
+
+def fill(disk: Path) -> None:
+    """Write into ``disk`` until it is full."""
+    with contextlib.suppress(OSError), (disk / "filler").open("wb", buffering=0) as filler:
+        while True:  # until ENOSPC
+            filler.write(b"f" * 4096)
+
+
+def test_a_ledger_keeps_room_for_its_lines_on_a_disk_the_files_filled(small_disk) -> None:
+    """The samples' files can fill the disk before their ledger lines are written (CI, native
+    backend: vLLM's connector filled it, and the run recorded none of its files). The room
+    the ledger keeps past its end takes 600 lines on the full disk."""
+    disk = small_disk(512)
+    ledger = files.Ledger(disk / "ledger.jsonl")
+    ledger.keep([])  # as a run starts
+    names = [f"data_{i}.pt" for i in range(1000)]
+    for name in names:
+        (disk / name).touch()
+    fill(disk)
+    for name in names:
+        ledger.record(disk / name, f"print of {name}")
+    assert sorted(ledger.entries()) == sorted(names)
+
+
+def test_a_ledger_append_on_a_full_disk_says_so_and_the_next_one_is_kept(small_disk) -> None:
+    """Where there was no room to keep (a ledger written by hand here), the append the full
+    disk cuts short is one line naming the folder, not ENOSPC's traceback; the line it tore
+    (a page's last bytes were free) does not swallow the next append."""
+    disk = small_disk(64)
+    ledger = files.Ledger(disk / "ledger.jsonl")
+    ledger.path.write_bytes(b"x" * 4090)  # 6 bytes short of a page: a torn append
+    (disk / "data_0.pt").write_bytes(b"0")
+    (disk / "data_1.pt").write_bytes(b"1")
+    fill(disk)
+    with pytest.raises(files.DiskFull, match=rf"^no space left in {re.escape(str(disk))} \("):
+        ledger.record(disk / "data_0.pt", "print 0")
+    assert 4090 < ledger.path.stat().st_size < 4096 + 10  # torn: a part of the line is there
+    assert ledger.entries() == {}
+
+    (disk / "filler").unlink()  # room made: the same run records the next file
+    ledger.record(disk / "data_1.pt", "print 1")
+    assert list(ledger.entries()) == ["data_1.pt"]
+    assert ledger.entries()["data_1.pt"].still_there(disk)
 
 
 def test_a_write_that_fails_with_room_left_is_not_called_a_full_disk(tmp_path: Path) -> None:

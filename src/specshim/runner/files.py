@@ -7,7 +7,9 @@ file it may keep from one it must write again.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import json
 import os
 import shutil
@@ -135,6 +137,34 @@ class Entry:
         return (stat.st_size, stat.st_mtime_ns) == (self.size, self.mtime_ns)
 
 
+#: Bytes kept allocated past the ledger's end, so that its lines still fit once the samples'
+#: files have filled the disk (the message then says "the files already written are kept"):
+#: about 900 lines, more than a run finishes between two recordings of its files
+#: (``extract.RECORD_EVERY`` prompts and the writers' queues). Without it, a full disk met
+#: while recording left every file since the last recording unrecorded (in CI: all of a run).
+LEDGER_ROOM = 128 << 10
+
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+@functools.cache
+def _fallocate() -> Any:
+    """The C library's ``fallocate``, or None where there is none (not Linux)."""
+    function = getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return function
+
+
+def keep_room(fd: int, offset: int, length: int) -> None:
+    """Allocate ``length`` bytes of the open file ``fd`` from ``offset`` on, without changing
+    its size (Linux's ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``): appends there need no new
+    blocks. Where the system or the filesystem cannot, or the disk is full, nothing: what was
+    kept before stays kept."""
+    if (fallocate := _fallocate()) is not None:
+        fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length)
+
+
 class Ledger:
     """An append-only log (one JSON object a line) of files written whole, beside them.
 
@@ -142,11 +172,16 @@ class Ledger:
     entry (killed in between) is never trusted. A line torn by a kill mid-append is ignored,
     and later entries for a file replace earlier ones. :meth:`keep` rewrites the log
     atomically with only the entries the caller still trusts, so it does not grow with reruns.
+    The ledger keeps :data:`LEDGER_ROOM` allocated past its end, so that a disk the samples'
+    files filled still takes its lines; an append the full disk cut short all the same raises
+    :class:`DiskFull`, and the next append starts on a line of its own, so that the torn line
+    does not swallow it.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._appending = threading.Lock()  # BackgroundWriter's threads record concurrently
+        self._torn = False  # an append failed part-way: the log may not end with a newline
 
     def entries(self) -> dict[str, Entry]:
         """The latest whole entry for each file name."""
@@ -163,15 +198,30 @@ class Ledger:
 
     def keep(self, entries: Iterable[Entry]) -> None:
         """Replace the log, atomically, by ``entries``."""
-        text = "".join(json.dumps(asdict(e)) + "\n" for e in entries)
-        write_atomic(self.path, lambda f: f.write(text.encode()))
+        data = "".join(json.dumps(asdict(e)) + "\n" for e in entries).encode()
+
+        def write(f: BinaryIO) -> None:
+            f.write(data)
+            f.flush()
+            keep_room(f.fileno(), len(data), LEDGER_ROOM)
+
+        write_atomic(self.path, write)
 
     def record(self, path: Path, fingerprint: str) -> None:
         """Append the entry for ``path``, just written whole from what ``fingerprint`` names."""
         stat = path.stat()
         entry = Entry(path.name, fingerprint, stat.st_size, stat.st_mtime_ns)
-        with self._appending, self.path.open("a") as f:
-            f.write(json.dumps(asdict(entry)) + "\n")
+        line = ("\n" if self._torn else "") + json.dumps(asdict(entry)) + "\n"
+        with self._appending:
+            try:
+                with self.path.open("a") as f:
+                    f.write(line)
+                    f.flush()
+                    keep_room(f.fileno(), f.tell(), LEDGER_ROOM)
+            except OSError as exc:  # the disk filled up under the ledger (seen in CI)
+                self._torn = True
+                raise disk_full(self.path.parent, exc) or exc from None
+            self._torn = False
 
 
 class WriteError(RuntimeError):
