@@ -205,3 +205,24 @@ def test_a_preempted_prompt_lets_go_of_its_states_at_once(tmp_path) -> None:
     assert capture.finished(wait=True) == [(a.path, None)] and capture.recomputed == 1
     saved = torch.load(a.path, weights_only=True)["hidden_states"]
     assert saved[0][:, 0].tolist() == [1, 2, 3, 4]
+
+
+def test_a_prompt_preempted_after_it_ran_whole_is_written_once(tmp_path) -> None:
+    """Under async scheduling a request whose prompt has run can be preempted before its
+    output is processed, and comes back (as new, under Model Runner V2) to compute its prompt
+    again: its file was written and reported already, and is not a second time (the caller
+    knows each file once). Once the scheduler says it finished, its name is let go."""
+    a, params = announced(tmp_path, 0, [5, 6, 7])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 3}))
+    capture.store(states(3))
+    assert capture.finished(wait=True) == [(a.path, None)]
+    capture.schedule(fake_scheduler_output([fake_new_request("a", a.input_ids, params)], {"a": 3}))
+    capture.store(states(3, start=100))
+    assert capture.finished(wait=True) == [] and capture.prompts == {}
+    saved = torch.load(a.path, weights_only=True)["hidden_states"]
+    assert saved[0][:, 0].tolist() == [1, 2, 3]
+    ended = fake_scheduler_output([], {})
+    ended.finished_req_ids = {"a"}
+    capture.schedule(ended)
+    assert capture.whole == set()

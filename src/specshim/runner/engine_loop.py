@@ -117,6 +117,10 @@ class StepCapture:
     starts: dict[str, int] = field(default_factory=dict)
     #: Prompts vLLM preempted part-way (their KV cache given to others) and computed again.
     recomputed: int = 0
+    #: Requests whose prompt was captured whole, until the scheduler says they finished: one
+    #: preempted after its prompt ran (its output still in flight, under async scheduling)
+    #: computes the prompt again, and would be written and reported a second time.
+    whole: set[str] = field(default_factory=set)
 
     def schedule(self, scheduler_output: Any) -> None:
         """Before a step runs: its new requests, how many tokens each request runs, and from
@@ -127,8 +131,9 @@ class StepCapture:
         for request in getattr(scheduler_output, "preempted_req_ids", None) or ():
             if (prompt := self.prompts.get(request)) is not None and prompt.seen:
                 self._recompute(prompt, 0)
+        self.whole -= getattr(scheduler_output, "finished_req_ids", None) or set()
         for new in scheduler_output.scheduled_new_reqs:
-            if new.req_id in self.prompts:  # resumed after a preemption (so under V2)
+            if new.req_id in self.prompts or new.req_id in self.whole:  # resumed (so under V2)
                 continue
             if (prompt := _prompt(new)) is not None:
                 self.prompts[new.req_id] = prompt
@@ -164,6 +169,7 @@ class StepCapture:
                     prompt.seen = begin + take
                     if prompt.seen == prompt.length:
                         whole.append(self.prompts.pop(request))
+                        self.whole.add(request)
             start += count
         if start > states[0].shape[0]:
             raise RuntimeError(
