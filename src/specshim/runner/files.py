@@ -214,8 +214,8 @@ class Ledger:
         line = ("\n" if self._torn else "") + json.dumps(asdict(entry)) + "\n"
         with self._appending:
             try:
-                with self.path.open("a") as f:
-                    f.write(line)
+                with self.path.open("ab") as f:
+                    f.write(line.encode())
                     f.flush()
                     keep_room(f.fileno(), f.tell(), LEDGER_ROOM)
             except OSError as exc:  # the disk filled up under the ledger (seen in CI)
