@@ -225,4 +225,22 @@ def test_a_prompt_preempted_after_it_ran_whole_is_written_once(tmp_path) -> None
     ended = fake_scheduler_output([], {})
     ended.finished_req_ids = {"a"}
     capture.schedule(ended)
-    assert capture.whole == set()
+    assert capture.reported == set()
+
+
+def test_a_prompt_vllm_runs_with_other_ids_is_refused_before_any_file_is_written(
+    tmp_path,
+) -> None:
+    """The worker writes a file as soon as its prompt is whole, before the caller sees vLLM's
+    output; were the ids vLLM ran not the row's, that file held other tokens' states under the
+    row's ids, and a failing run recorded it on its way out (the rerun kept it). The worker
+    compares them first, and reports the sample refused, once."""
+    a, params = announced(tmp_path, 0, [5, 6, 7])
+    capture = StepCapture(fake_v1_runner(["a"]), WorkerFiles(LAYERS))
+    for _ in range(2):  # the second: the request comes back after a preemption
+        capture.schedule(fake_scheduler_output([fake_new_request("a", [5, 6, 8], params)],
+                                               {"a": 3}))  # fmt: skip
+        capture.store(states(3))
+    problem = "line 1: vLLM ran other input ids than the row's (3 vs 3 tokens): refusing to "
+    assert capture.finished(wait=True) == [(a.path, problem + "write misaligned data")]
+    assert not Path(a.path).exists() and capture.prompts == {}

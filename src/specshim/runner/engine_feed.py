@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specshim.runner.samples import Expected
+from specshim.runner.samples import Expected, misaligned
 
-#: The ``SamplingParams.extra_args`` key of a sample's announcement: its file, loss mask, and
-#: where it came from (for messages). Not under ``kv_transfer_params``: vLLM warns for each
-#: such request where no connector runs (the engine backend).
+#: The ``SamplingParams.extra_args`` key of a sample's announcement: its file, its row's token
+#: ids and loss mask, and where it came from (for messages). The worker refuses a prompt run
+#: with other ids before it writes anything. Not under ``kv_transfer_params``: vLLM warns for
+#: each such request where no connector runs (the engine backend).
 ANNOUNCED = "specshim_sample"
 
 
@@ -25,7 +26,12 @@ def announcing(expected: Expected) -> Any:
     or the engine backend's capture: :func:`announcement`)."""
     from vllm import SamplingParams
 
-    said = {"file": expected.path, "loss_mask": expected.loss_mask, "where": expected.where}
+    said = {
+        "file": expected.path,
+        "input_ids": expected.input_ids,
+        "loss_mask": expected.loss_mask,
+        "where": expected.where,
+    }
     return SamplingParams(max_tokens=1, extra_args={ANNOUNCED: said})
 
 
@@ -103,11 +109,7 @@ class EngineFeed:
                 )
             ids, expected = self.running.pop(output.request_id)
             self._tokens -= len(ids)
-            ran = list(output.prompt_token_ids or [])
-            if ran != ids:
-                raise RuntimeError(
-                    f"{expected.where}: vLLM ran other input ids than the row's ({len(ran)} vs "
-                    f"{len(ids)} tokens): refusing to write misaligned data"
-                )
+            if problem := misaligned(expected.where, list(output.prompt_token_ids or []), ids):
+                raise RuntimeError(problem)
             if self.on_finished is not None:
                 self.on_finished(expected, output)

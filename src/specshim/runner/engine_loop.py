@@ -44,7 +44,7 @@ from typing import Any
 from specshim.adapters.worker.worker_batch_order_v2 import STEP
 from specshim.runner import engine_feed, native
 from specshim.runner.engine_feed import AHEAD_STEPS, EngineFeed
-from specshim.runner.samples import Expected
+from specshim.runner.samples import Expected, misaligned
 from specshim.runner.worker_writer import WorkerFiles
 
 #: ``extra_args`` key of a request whose states the worker keeps for the caller (not announced).
@@ -98,11 +98,11 @@ def _prompt(new_request: Any) -> _Prompt | None:
     tag = ((params.extra_args if params else None) or {}).get(KEPT)
     if said is None and tag is None:
         return None
-    ids = list(new_request.prompt_token_ids or [])
+    ran = list(new_request.prompt_token_ids or [])
     expected = None
-    if said is not None:
-        expected = Expected(said["file"], ids, said["loss_mask"], said["where"])
-    return _Prompt(expected, tag, len(ids))
+    if said is not None:  # the row's ids: the file holds them, checked against vLLM's
+        expected = Expected(said["file"], said["input_ids"], said["loss_mask"], said["where"])
+    return _Prompt(expected, tag, len(ran))
 
 
 @dataclass
@@ -117,10 +117,11 @@ class StepCapture:
     starts: dict[str, int] = field(default_factory=dict)
     #: Prompts vLLM preempted part-way (their KV cache given to others) and computed again.
     recomputed: int = 0
-    #: Requests whose prompt was captured whole, until the scheduler says they finished: one
-    #: preempted after its prompt ran (its output still in flight, under async scheduling)
-    #: computes the prompt again, and would be written and reported a second time.
-    whole: set[str] = field(default_factory=set)
+    #: Requests whose file was reported (its prompt captured whole, or refused), until the
+    #: scheduler says they finished: one preempted after its prompt ran (its output still in
+    #: flight, under async scheduling) computes the prompt again, and would be written and
+    #: reported a second time.
+    reported: set[str] = field(default_factory=set)
 
     def schedule(self, scheduler_output: Any) -> None:
         """Before a step runs: its new requests, how many tokens each request runs, and from
@@ -131,12 +132,18 @@ class StepCapture:
         for request in getattr(scheduler_output, "preempted_req_ids", None) or ():
             if (prompt := self.prompts.get(request)) is not None and prompt.seen:
                 self._recompute(prompt, 0)
-        self.whole -= getattr(scheduler_output, "finished_req_ids", None) or set()
+        self.reported -= getattr(scheduler_output, "finished_req_ids", None) or set()
         for new in scheduler_output.scheduled_new_reqs:
-            if new.req_id in self.prompts or new.req_id in self.whole:  # resumed (so under V2)
+            if new.req_id in self.prompts or new.req_id in self.reported:  # resumed (under V2)
                 continue
-            if (prompt := _prompt(new)) is not None:
-                self.prompts[new.req_id] = prompt
+            if (prompt := _prompt(new)) is None:
+                continue
+            expected, ran = prompt.expected, list(new.prompt_token_ids or [])
+            if expected and (problem := misaligned(expected.where, ran, expected.input_ids)):
+                self.writer.refuse(expected, problem)  # before a file with the row's ids is
+                self.reported.add(new.req_id)  # written from other tokens' states
+                continue
+            self.prompts[new.req_id] = prompt
         self.scheduled = dict(scheduler_output.num_scheduled_tokens)
         self.starts = _starts(scheduler_output)
 
@@ -169,7 +176,7 @@ class StepCapture:
                     prompt.seen = begin + take
                     if prompt.seen == prompt.length:
                         whole.append(self.prompts.pop(request))
-                        self.whole.add(request)
+                        self.reported.add(request)
             start += count
         if start > states[0].shape[0]:
             raise RuntimeError(

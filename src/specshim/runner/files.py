@@ -211,11 +211,11 @@ class Ledger:
         """Append the entry for ``path``, just written whole from what ``fingerprint`` names."""
         stat = path.stat()
         entry = Entry(path.name, fingerprint, stat.st_size, stat.st_mtime_ns)
-        line = ("\n" if self._torn else "") + json.dumps(asdict(entry)) + "\n"
-        with self._appending:
+        line = json.dumps(asdict(entry)) + "\n"
+        with self._appending:  # _torn too: another thread's append may just have torn
             try:
                 with self.path.open("ab") as f:
-                    f.write(line.encode())
+                    f.write((("\n" if self._torn else "") + line).encode())
                     f.flush()
                     keep_room(f.fileno(), f.tell(), LEDGER_ROOM)
             except OSError as exc:  # the disk filled up under the ledger (seen in CI)

@@ -23,6 +23,17 @@ class Expected:
     where: str  # "line 7 (data_6.pt)", for messages
 
 
+def misaligned(where: str, ran: list[int], row: list[int]) -> str | None:
+    """The refusal of a sample whose prompt vLLM ran with other token ids than its row's, or
+    None: its states would be written under the row's ids and loss mask."""
+    if ran == row:
+        return None
+    return (
+        f"{where}: vLLM ran other input ids than the row's ({len(ran)} vs {len(row)} tokens): "
+        "refusing to write misaligned data"
+    )
+
+
 def state_problem(state: Any, tokens: int, extremes: Any = None) -> str | None:
     """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
 

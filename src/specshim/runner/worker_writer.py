@@ -352,6 +352,12 @@ class WorkerFiles:
             for written in self._processes.answers(None):
                 self._answered(written)
 
+    def refuse(self, expected: Expected, problem: str) -> None:
+        """Report ``expected`` as not written, for ``problem`` found before its states were
+        captured; the writing stops, as at any refusal."""
+        self._failed = True
+        self._done.append((expected.path, problem))
+
     def _answered(self, written: Written) -> None:
         self._ring.give_back(written.key)
         for step, seconds in written.seconds.items():
