@@ -274,18 +274,22 @@ class FakeEngineGenerator:
     """Stands in for the engine backend's generator: states without columns, the worker's
     files through :attr:`files`; its call number ``fail_at`` raises, as a dying engine."""
 
-    def __init__(self, refuse: str = "", fail_at: int = 0, lose: str = "") -> None:
+    def __init__(
+        self, refuse: str = "", fail_at: int = 0, lose: str = "", other_ids: int = -1
+    ) -> None:
         self.layer_ids = [1, 2]
         self.files = FakeWorkerFiles(refuse, lose)
         self.calls = 0
         self.fail_at = fail_at
+        self.other_ids = other_ids  # the first token id of a prompt returned with other ids
 
     def generate(self, prompts: list[list[int]]) -> list[dict[str, object]]:
         self.calls += 1
         if self.calls == self.fail_at:
             raise RuntimeError("vLLM's engine core died")
         self.files.fetch(len(prompts))
-        return [result(p, torch.ones(len(p), 0), torch.ones(len(p), 0)) for p in prompts]
+        ran = [[*p, 0] if p[0] == self.other_ids else p for p in prompts]
+        return [result(p, torch.ones(len(p), 0), torch.ones(len(p), 0)) for p in ran]
 
 
 def test_the_worker_is_asked_for_its_files_every_128_prompts_not_every_batch(tmp_path) -> None:
@@ -323,6 +327,25 @@ def test_a_failed_run_records_the_files_the_worker_finished_before_it(tmp_path) 
     assert generator.files.askings == [False, True]
     recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(112))
+
+
+def test_a_sample_whose_ids_the_check_refuses_is_not_recorded_though_its_file_was_written(
+    tmp_path,
+) -> None:
+    """The worker writes a file when the states are fetched, before the caller checks the
+    token ids the generator returned (the generator's ``worker`` hand-off; speculators 0.3.0
+    without ``request_batching`` returns some prompts' states misaligned): the refused
+    sample's file, and the unchecked ones after it, stay out of the ledger, which keeps the
+    others. Before, the failing run recorded them on its way out and a rerun kept them."""
+    todo = [sample(i, [10 + i, 11, 12], line=i + 1) for i in range(20)]
+    generator = FakeEngineGenerator(other_ids=13)
+    with pytest.raises(extract.ExtractionError, match=r"^line 4 \(data_3.pt\): the generator "
+                       r"returned other input ids than the row's \(4 vs 3 tokens\)"):  # fmt: skip
+        extract._run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
+                     extract.ENGINE_IN_WORKER)  # fmt: skip
+    assert (tmp_path / "data_3.pt").exists()  # the worker wrote it
+    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    assert sorted(recorded) == ["data_0.pt", "data_1.pt", "data_2.pt"]
 
 
 def test_a_sample_the_worker_never_reported_fails_the_run_naming_it(tmp_path) -> None:

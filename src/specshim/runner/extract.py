@@ -702,6 +702,10 @@ class _WorkerWrites:
     prints: list[str]
     limit: int
     _pending: dict[str, dataset.Sample] = field(default_factory=dict)
+    #: Files announced whose samples' generator results were not checked yet: the worker may
+    #: write one before the check refuses it (other input ids than the row's), or before a
+    #: failing run gets to check it; a run on its way out does not record those.
+    _unchecked: set[str] = field(default_factory=set)
     _unasked: int = 0  # prompts taken since the worker was last asked for finished files
 
     def announce(self, batch: list[dataset.Sample]) -> None:
@@ -709,6 +713,7 @@ class _WorkerWrites:
         for sample in batch:
             path = str(self.out / sample_file(sample))
             self._pending[path] = sample
+            self._unchecked.add(path)
             expected.append(Expected(
                 path, sample.input_ids[: self.limit], sample.loss_mask[: self.limit],
                 f"line {sample.line} ({sample_file(sample)})",
@@ -718,6 +723,7 @@ class _WorkerWrites:
     def take(self, batch: list[dataset.Sample], results: list[dict[str, Any]]) -> None:
         for sample, result in zip(batch, results, strict=True):
             _checked_ids(result, sample, self.limit, self.generator.layer_ids)
+            self._unchecked.discard(str(self.out / sample_file(sample)))
         self._unasked += len(batch)
         if self._unasked >= RECORD_EVERY:
             self._unasked = 0
@@ -730,10 +736,10 @@ class _WorkerWrites:
         problems = []
         for path, problem in finished:
             sample = self._pending.pop(path)
-            if problem is None:
-                self.ledger.record(Path(path), self.prints[sample.index])
-            else:
+            if problem is not None:
                 problems.append(problem)
+            elif path not in self._unchecked:
+                self.ledger.record(Path(path), self.prints[sample.index])
         if problems and not failed_ok:
             raise ExtractionError(problems[0])
 
