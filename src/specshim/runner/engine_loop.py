@@ -101,7 +101,8 @@ def _prompt(new_request: Any) -> _Prompt | None:
     ran = list(new_request.prompt_token_ids or [])
     expected = None
     if said is not None:  # the row's ids: the file holds them, checked against vLLM's
-        expected = Expected(said["file"], said["input_ids"], said["loss_mask"], said["where"])
+        row = list(said["input_ids"])  # a list again, whatever vLLM's serializer made of it
+        expected = Expected(said["file"], row, said["loss_mask"], said["where"])
     return _Prompt(expected, tag, len(ran))
 
 
