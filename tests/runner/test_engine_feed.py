@@ -116,3 +116,24 @@ def test_a_request_vllm_dropped_is_an_error_not_a_wait_for_ever() -> None:
         "engine feed: vLLM has no request left, yet 1 sent never finished, the first "
         "line 2 (data_1.pt)"
     )
+
+
+def test_an_announcement_reaches_the_worker_whole_through_vllms_own_copies() -> None:
+    """What vLLM does to a request's ``SamplingParams`` between ``add_request`` and the worker
+    (real vLLM classes): a deep copy, MessagePack to the engine core, pickle to the worker.
+    The ids and mask travel as bytes (a list costs vLLM a Python step per integer, at each of
+    those) and come back as the row's lists."""
+    import pickle
+
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from specshim.runner.engine_feed import announcement, announcing
+
+    expected = Expected("/out/data_7.pt", [2**40, 0, 151_643, 5], [0, 1, 1, 0], "line 8")
+    params = announcing(expected)
+    sent = MsgpackEncoder().encode(params.clone())
+    in_worker = pickle.loads(pickle.dumps(MsgpackDecoder(type(params)).decode(sent)))
+    assert announcement(in_worker) == expected
+    said = in_worker.extra_args["specshim_sample"]
+    assert isinstance(said["input_ids"], bytes) and isinstance(said["loss_mask"], bytes)
+    assert announcement(type(params)(max_tokens=1)) is None

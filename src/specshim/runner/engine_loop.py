@@ -94,16 +94,11 @@ def _prompt(new_request: Any) -> _Prompt | None:
     """What to capture for a newly scheduled request: an announced sample, a kept one, or
     None for a request specshim did not send."""
     params = new_request.sampling_params
-    said = engine_feed.announcement(params)
+    expected = engine_feed.announcement(params)  # the row's ids: checked against vLLM's
     tag = ((params.extra_args if params else None) or {}).get(KEPT)
-    if said is None and tag is None:
+    if expected is None and tag is None:
         return None
-    ran = list(new_request.prompt_token_ids or [])
-    expected = None
-    if said is not None:  # the row's ids: the file holds them, checked against vLLM's
-        row = list(said["input_ids"])  # a list again, whatever vLLM's serializer made of it
-        expected = Expected(said["file"], row, said["loss_mask"], said["where"])
-    return _Prompt(expected, tag, len(ran))
+    return _Prompt(expected, tag, len(new_request.prompt_token_ids or []))
 
 
 @dataclass

@@ -38,7 +38,7 @@ from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
 from specshim import console
 from specshim.runner import dataset, engine_feed, files, native
-from specshim.runner.samples import sample_problem
+from specshim.runner.samples import Expected, misaligned, sample_problem
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: worker side: the connector's file name of each announced request -> announcement
-        self._specshim_files: dict[str, dict[str, Any]] = {}
+        self._specshim_files: dict[str, Expected] = {}
         speculative = self._vllm_config.speculative_config
         assert speculative is not None  # vLLM's __init__ refuses the connector without it
         config = speculative.draft_model_config.hf_config
@@ -78,7 +78,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
         """On a writer thread: an announced request's file, else vLLM's own write."""
         said = self._specshim_files.pop(filename, None)
         if said is not None and lock_fd is None:  # vLLM's lock turned off: nobody would know
-            logger.error("specshim: %s needs the connector's lock file; not written", said["where"])
+            logger.error("specshim: %s needs the connector's lock file; not written", said.where)
         if said is None or lock_fd is None:
             super()._write_tensors(tensors, event, filename, lock_fd)
             return
@@ -91,25 +91,26 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
             raise
         except Exception as exc:  # told to the caller, which stops the run with it
             failed = console.first_line(exc)
-            outcome = f"{said['where']}: writing extracted samples failed: {failed}"
+            outcome = f"{said.where}: writing extracted samples failed: {failed}"
             raise
         finally:
             with contextlib.suppress(OSError):  # a full disk: the caller finds it missing, and why
                 os.write(lock_fd, outcome.encode())
             os.close(lock_fd)  # releases the lock the caller waits on
 
-    def _write_sample(self, tensors: dict[str, Any], said: dict[str, Any]) -> str:
+    def _write_sample(self, tensors: dict[str, Any], said: Expected) -> str:
         """Check one sample's states and write its file; :data:`native.WRITTEN` or the
         problem that kept it from being written."""
         token_ids = tensors["token_ids"]
         states = native.per_layer(tensors["hidden_states"])
-        if len(said["loss_mask"]) != len(token_ids):
+        if len(said.loss_mask) != len(token_ids):
             return (
-                f"{said['where']}: vLLM ran {len(token_ids)} tokens, the loss mask has "
-                f"{len(said['loss_mask'])}; refusing to write them"
+                f"{said.where}: vLLM ran {len(token_ids)} tokens, the loss mask has "
+                f"{len(said.loss_mask)}; refusing to write them"
             )
-        where, layers = said["where"], self._specshim_layers
-        if problem := sample_problem(where, layers, states, len(token_ids)):
+        if problem := misaligned(said.where, token_ids.tolist(), said.input_ids):
             return problem
-        files.save_torch(Path(said["file"]), dataset.record(token_ids, states, said["loss_mask"]))
+        if problem := sample_problem(said.where, self._specshim_layers, states, len(token_ids)):
+            return problem
+        files.save_torch(Path(said.path), dataset.record(token_ids, states, said.loss_mask))
         return native.WRITTEN
