@@ -9,7 +9,8 @@ the H200 that ran at 0.31 of vLLM's own native path (docs/benchmarks.md, run 7).
 This subclass, loaded by vLLM through ``kv_connector_module_path`` (so only in vLLM's
 processes), changes one step: for a request the caller announced in its sampling
 parameters' ``extra_args`` (:data:`specshim.runner.engine_feed.ANNOUNCED`: the sample's file, its
-loss mask, where it came from), the writer thread checks the states and writes that file
+row's token ids and loss mask, where it came from), the writer thread checks the token ids
+vLLM ran against the row's and the states, and writes that file
 atomically, in the format and with the tensors the caller's path writes
 (:func:`specshim.runner.dataset.record`); then it says in the request's lock file what it did
 (:data:`specshim.runner.native.WRITTEN`, or the problem in one line) and releases the lock, on
