@@ -149,8 +149,10 @@ _FALLOC_FL_KEEP_SIZE = 1
 
 @functools.cache
 def _fallocate() -> Any:
-    """The C library's ``fallocate``, or None where there is none (not Linux)."""
-    function = getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
+    """The C library's ``fallocate`` with 64-bit offsets (``fallocate64``, where a 32-bit
+    build's ``fallocate`` takes 32-bit ones), or None where there is none (not Linux)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    function = getattr(libc, "fallocate64", None) or getattr(libc, "fallocate", None)
     if function is not None:
         function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     return function
