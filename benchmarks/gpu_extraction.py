@@ -207,7 +207,7 @@ def _generator(model: str, prompts: list[list[int]], max_len: int, how: str) -> 
 def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict[str, Any]:
     import contextlib
 
-    from specshim.runner import extract, files, native, worker_writer
+    from specshim.runner import engine_feed, engine_loop, extract, files, native, worker_writer
     from specshim.runner import handoff as handoffs
 
     handoff = mode.removeprefix("extract_").split("@")[0]
@@ -252,6 +252,12 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     timers.wrap(worker_writer.WorkerFilesClient, "expect")  # blocks while the worker's is
     timers.wrap(worker_writer.WorkerFilesClient, "finished")
     timers.wrap(native.NativeFiles, "finished")
+    # the engine backend: the caller's share of each batch, and the run's end (the feed's
+    # last steps, then every file in place), outside ``generate``
+    timers.wrap(extract._WorkerWrites, "announce")
+    timers.wrap(extract._WorkerWrites, "take")  # asks the worker every RECORD_EVERY prompts
+    timers.wrap(engine_loop.EngineFiles, "finished")  # with wait: drain, then the last files
+    timers.wrap(engine_feed.EngineFeed, "drain")
     summary = extract.extract(
         model,
         data,
