@@ -21,7 +21,8 @@ writes the states must stay under):
   ``SPECSHIM_WRITER_PROCESSES``), ``@batch_size=N`` (prompts per ``generate`` call,
   ``extract --batch-size``; default 128), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
   ``extract``'s engine steps (``extract.EngineSettings``; vLLM's ``LLM`` on an H200 takes
-  16,384 tokens a step);
+  16,384 tokens a step), and for the engine and native backends ``@ahead_steps=N``, the steps
+  of tokens their feed keeps waiting in vLLM's engine (``engine_feed.AHEAD_STEPS``, 2);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
   speculators 0.3/0.4's files: in vLLM's worker, through specshim's connector
   (``specshim.runner.native_connector``), where the installed vLLM allows it;
@@ -215,6 +216,8 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     if settings.pop("read_back", "off") == "on":
         native.writes_in_worker = lambda: False
     batch_size = int(settings.pop("batch_size", 128))
+    if "ahead_steps" in settings:  # the feed's steps of tokens kept waiting in vLLM's engine
+        engine_loop.AHEAD_STEPS = native.AHEAD_STEPS = int(settings.pop("ahead_steps"))
     engine = extract.EngineSettings(
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))
@@ -222,7 +225,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     if settings:
         raise ValueError(
             f"{mode}: unknown settings {sorted(settings)}; expected writers, read_back, "
-            "batch_size, max_num_seqs or max_num_batched_tokens"
+            "batch_size, ahead_steps, max_num_seqs or max_num_batched_tokens"
         )
     backend = handoff if handoff in ("native", "engine") else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
