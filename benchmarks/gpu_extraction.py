@@ -255,8 +255,9 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     timers.wrap(worker_writer.WorkerFilesClient, "expect")  # blocks while the worker's is
     timers.wrap(worker_writer.WorkerFilesClient, "finished")
     timers.wrap(native.NativeFiles, "finished")
-    # the engine backend: the caller's share of each batch, and the run's end (the feed's
-    # last steps, then every file in place), outside ``generate``
+    # where vLLM's worker writes (worker hand-off, native and engine backends): the caller's
+    # share of each batch, and the run's end (the feed's last steps, then every file in
+    # place), outside ``generate``
     timers.wrap(extract._WorkerWrites, "announce")
     timers.wrap(extract._WorkerWrites, "take")  # asks the worker every RECORD_EVERY prompts
     timers.wrap(engine_loop.EngineFiles, "finished")  # with wait: drain, then the last files
