@@ -22,7 +22,7 @@ writes the states must stay under):
   ``extract --batch-size``; default 128), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
   ``extract``'s engine steps (``extract.EngineSettings``; vLLM's ``LLM`` on an H200 takes
   16,384 tokens a step), and for the engine and native backends ``@ahead_steps=N``, the steps
-  of tokens their feed keeps waiting in vLLM's engine (``engine_feed.AHEAD_STEPS``, 2);
+  of tokens their feed keeps waiting in vLLM's engine (``engine_feed.AHEAD_STEPS``, 4);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
   speculators 0.3/0.4's files: in vLLM's worker, through specshim's connector
   (``specshim.runner.native_connector``), where the installed vLLM allows it;
@@ -217,7 +217,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         native.writes_in_worker = lambda: False
     batch_size = int(settings.pop("batch_size", 128))
     if "ahead_steps" in settings:  # the feed's steps of tokens kept waiting in vLLM's engine
-        engine_loop.AHEAD_STEPS = native.AHEAD_STEPS = int(settings.pop("ahead_steps"))
+        engine_feed.AHEAD_STEPS = int(settings.pop("ahead_steps"))
     engine = extract.EngineSettings(
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))

@@ -43,7 +43,7 @@ from typing import Any
 
 from specshim.adapters.worker.worker_batch_order_v2 import STEP
 from specshim.runner import engine_feed, native
-from specshim.runner.engine_feed import AHEAD_STEPS, EngineFeed
+from specshim.runner.engine_feed import EngineFeed
 from specshim.runner.samples import Expected, misaligned
 from specshim.runner.worker_writer import WorkerFiles
 
@@ -293,7 +293,7 @@ class EngineGenerator(native.LLMGenerator):
         if not any(self.llm.collective_rpc("specshim_engine_install", args=(layer_ids,))):
             raise RuntimeError("engine capture: no vLLM worker of rank 0 took the capture")
         step_tokens = self.vllm_config.scheduler_config.max_num_batched_tokens
-        self.feed = EngineFeed(self.llm.llm_engine, AHEAD_STEPS * step_tokens)
+        self.feed = EngineFeed(self.llm.llm_engine, engine_feed.AHEAD_STEPS * step_tokens)
         self.files = EngineFiles(self.llm, self.feed)
         self._calls = 0
 

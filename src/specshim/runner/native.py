@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import files
-from specshim.runner.engine_feed import AHEAD_STEPS, EngineFeed
+from specshim.runner import engine_feed, files
+from specshim.runner.engine_feed import EngineFeed
 from specshim.runner.samples import Expected
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
@@ -431,8 +431,8 @@ class NativeGenerator(LLMGenerator):
         model_config = self.vllm_config.model_config
         state_bytes = getattr(model_config.dtype, "itemsize", 2)  # a torch.dtype once resolved
         per_token = model_config.get_hidden_size() * len(layer_ids) * state_bytes
-        step_tokens = self.vllm_config.scheduler_config.max_num_batched_tokens
-        self.feed = EngineFeed(self.llm.llm_engine, AHEAD_STEPS * step_tokens, self._writing)
+        ahead = engine_feed.AHEAD_STEPS * self.vllm_config.scheduler_config.max_num_batched_tokens
+        self.feed = EngineFeed(self.llm.llm_engine, ahead, self._writing)
         self.files = NativeFiles(per_token, self.feed) if own else None
         self.llm.collective_rpc("specshim_cpu_connector")
 
