@@ -56,9 +56,11 @@ def announcement(sampling_params: Any) -> Expected | None:
 #: Tokens the feed keeps in vLLM's engine, in steps of its ``max_num_batched_tokens``: enough
 #: that the scheduler has a full next step while the caller records files and sends more. They
 #: count until their outputs come back, so the step running and, under async scheduling (vLLM's
-#: default on CUDA), the one scheduled behind it are among them: at 2, the engine had no more
-#: than those two while the caller asked for finished files and sent the next batch, and ran
-#: up to 0.1 s behind prefill's pace (docs/benchmarks.md, run 13). Read when a feed is made.
+#: default on CUDA), the one scheduled behind it are among them: at 2 the engine may have had
+#: nothing more to schedule while the caller asked for finished files and sent the next batch
+#: (in run 13 it ran up to 0.1 s behind prefill's pace while batches were sent,
+#: docs/benchmarks.md). The benchmark's ``extract_engine@ahead_steps=2`` compares the two on a
+#: GPU. Read when a feed is made.
 AHEAD_STEPS = 4
 
 
