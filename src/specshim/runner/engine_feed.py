@@ -58,9 +58,10 @@ def announcement(sampling_params: Any) -> Expected | None:
 #: count until their outputs come back, so the step running and, under async scheduling (vLLM's
 #: default on CUDA), the one scheduled behind it are among them: at 2 the engine may have had
 #: nothing more to schedule while the caller asked for finished files and sent the next batch
-#: (in run 13 it ran up to 0.1 s behind prefill's pace while batches were sent,
-#: docs/benchmarks.md). The benchmark's ``extract_engine@ahead_steps=2`` compares the two on a
-#: GPU. Read when a feed is made.
+#: (in run 13 it ran up to 0.1 s behind prefill's pace while batches were sent). On an H100,
+#: 0.909 of vLLM's prefill with 4 against 0.869 with 2 in one call (docs/benchmarks.md, run 14:
+#: the caller's asks for finished files waited less; one pair, machines vary more). Read when a
+#: feed is made (the benchmark's ``extract_engine@ahead_steps=N``).
 AHEAD_STEPS = 4
 
 
