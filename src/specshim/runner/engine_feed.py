@@ -61,8 +61,14 @@ def announcement(sampling_params: Any) -> Expected | None:
 #: (in run 13 it ran up to 0.1 s behind prefill's pace while batches were sent). On an H100,
 #: 0.909 of vLLM's prefill with 4 against 0.869 with 2 in one call (docs/benchmarks.md, run 14:
 #: the caller's asks for finished files waited less; one pair, machines vary more). Read when a
-#: feed is made (the benchmark's ``extract_engine@ahead_steps=N``).
+#: feed is made (:func:`ahead_tokens`; the benchmark's ``extract_engine@ahead_steps=N``).
 AHEAD_STEPS = 4
+
+
+def ahead_tokens(scheduler_config: Any) -> int:
+    """The tokens a feed keeps waiting in an engine of vLLM's ``scheduler_config``:
+    :data:`AHEAD_STEPS` of its steps."""
+    return AHEAD_STEPS * scheduler_config.max_num_batched_tokens
 
 
 class EngineFeed:

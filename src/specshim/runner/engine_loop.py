@@ -292,8 +292,8 @@ class EngineGenerator(native.LLMGenerator):
                          options | (steps or {}))  # fmt: skip
         if not any(self.llm.collective_rpc("specshim_engine_install", args=(layer_ids,))):
             raise RuntimeError("engine capture: no vLLM worker of rank 0 took the capture")
-        step_tokens = self.vllm_config.scheduler_config.max_num_batched_tokens
-        self.feed = EngineFeed(self.llm.llm_engine, engine_feed.AHEAD_STEPS * step_tokens)
+        ahead = engine_feed.ahead_tokens(self.vllm_config.scheduler_config)
+        self.feed = EngineFeed(self.llm.llm_engine, ahead)
         self.files = EngineFiles(self.llm, self.feed)
         self._calls = 0
 

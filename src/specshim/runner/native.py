@@ -431,7 +431,7 @@ class NativeGenerator(LLMGenerator):
         model_config = self.vllm_config.model_config
         state_bytes = getattr(model_config.dtype, "itemsize", 2)  # a torch.dtype once resolved
         per_token = model_config.get_hidden_size() * len(layer_ids) * state_bytes
-        ahead = engine_feed.AHEAD_STEPS * self.vllm_config.scheduler_config.max_num_batched_tokens
+        ahead = engine_feed.ahead_tokens(self.vllm_config.scheduler_config)
         self.feed = EngineFeed(self.llm.llm_engine, ahead, self._writing)
         self.files = NativeFiles(per_token, self.feed) if own else None
         self.llm.collective_rpc("specshim_cpu_connector")
