@@ -5,6 +5,7 @@
 # PYTHONPATH, so the bundle need not be rebuilt after a change.
 #
 #   scripts/gpu_test.sh [pytest args]        # SPECSHIM_GPU_ROOT=/root/g by default
+#   scripts/gpu_test.sh --vllm 0.34.0 [...]  # the release installed under /root/g-0.34.0
 #   scripts/gpu_test.sh tests/gpu/test_worker_writer_cuda.py   # paths given: only those
 #   STREAMS=3 LOGS=dir scripts/gpu_test.sh -k "not native"
 #
@@ -18,6 +19,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${SPECSHIM_GPU_ROOT:-/root/g}
+if [ "${1:-}" = --vllm ]; then
+    G=/root/g-${2:?--vllm needs a version}
+    shift 2
+fi
 mkdir -p .spec
 ln -sfn "$G/spec030" .spec/0.3.0
 ln -sfn "$G/spec040" .spec/0.4.0.1
