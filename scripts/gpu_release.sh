@@ -5,7 +5,7 @@
 # set, the folder a remote runner brings back); a step left out by the time budget says so.
 #
 #   scripts/gpu_release.sh 0.34.0                    # vLLM installed under /root/g-0.34.0
-#   SPECS="040" BUDGET=300 scripts/gpu_release.sh 0.34.0
+#   SPECS="040" BUDGET=300 BACKEND=engine scripts/gpu_release.sh 0.34.0
 #
 # The release's packages are where device_install.sh put them (G=/root/g-VERSION; docs/gpu.md);
 # this checkout's src/ goes first on PYTHONPATH, so a change needs no new bundle.
@@ -16,6 +16,7 @@ G=${SPECSHIM_GPU_ROOT:-/root/g-$VERSION}
 LOGS=${LOGS:-${OUT:-/tmp/specshim-gpu-release}}
 BUDGET=${BUDGET:-540}  # seconds: a step that would start later is left out
 SPECS=${SPECS:-"040 030"}
+BACKEND=${BACKEND:-generator}  # the matrix's rows are per backend: speculators' generator first
 mkdir -p "$LOGS"
 start=$SECONDS
 status=0
@@ -39,13 +40,14 @@ for spec in $SPECS; do
         # shellcheck source=/dev/null
         source "$G/env.sh"
         export PYTHONPATH="$PWD/src:$PYTHONPATH"
-        work=/tmp/specshim-release-$VERSION-$spec
-        if [ ! -d "$work/verifier" ] && [ -d "/tmp/specshim-release-$VERSION-040/verifier" ]; then
-            mkdir -p "$work" && cp -r "/tmp/specshim-release-$VERSION-040/verifier" "$work/"
+        work=/tmp/specshim-release-$VERSION-$spec-$BACKEND
+        first=$(ls -d /tmp/specshim-release-"$VERSION"-*/verifier 2>/dev/null | head -1)
+        if [ ! -d "$work/verifier" ] && [ -n "$first" ]; then  # one verifier for every run
+            mkdir -p "$work" && cp -r "$first" "$work/"
         fi
         step "report_$spec" python3 -m specshim.cli report
-        step "run_$spec" python3 -m specshim.cli run --workdir "$work" --verifier-seconds 60 \
-            --samples 200
+        step "run_${spec}_$BACKEND" python3 -m specshim.cli run --workdir "$work" --verifier-seconds 60 \
+            --samples 200 --backend "$BACKEND"
         exit $status
     ) || status=1
 done
