@@ -73,6 +73,56 @@ def test_disable_env_and_only(monkeypatch, fake_module) -> None:
         specshim.apply(only=["nope"])
 
 
+@pytest.mark.parametrize(
+    ("value", "strict"),
+    [("1", True), ("TRUE", True), ("yes", True), ("On", True), (" true ", True),
+     ("0", False), ("false", False), ("NO", False), ("off", False), ("", False)],
+)  # fmt: skip
+def test_strict_takes_the_usual_spellings(monkeypatch, fake_module, value, strict) -> None:
+    use(monkeypatch, fake_adapter("a", shape=True))
+    monkeypatch.setenv("SPECSHIM_STRICT", value)
+    if strict:
+        with pytest.raises(specshim.AdapterError, match="expected a function named original"):
+            specshim.apply()
+    else:
+        with pytest.warns(engine.ShapeWarning):
+            specshim.apply()
+
+
+@pytest.mark.parametrize("value", ["2", "ture", "enabled", "1,"])
+def test_strict_refuses_anything_else_naming_it(monkeypatch, fake_module, value) -> None:
+    """Before, anything but "1" meant off: a misspelt "ture" silently ran lenient."""
+    use(monkeypatch, fake_adapter("a"))
+    monkeypatch.setenv("SPECSHIM_STRICT", value)
+    with pytest.raises(ValueError, match=f"^SPECSHIM_STRICT='{value}': expected 1, true, yes, on"):
+        specshim.apply()
+    assert fake_module.a is original
+
+
+def test_an_unknown_name_in_disable_is_refused_naming_the_variable(monkeypatch, fake_module):
+    use(monkeypatch, fake_adapter("a"), fake_adapter("b"))
+    monkeypatch.setenv("SPECSHIM_DISABLE", "b,nope")
+    with pytest.raises(
+        ValueError, match=r"^SPECSHIM_DISABLE: unknown adapter name\(s\) \['nope'\]"
+    ):
+        specshim.apply()
+    monkeypatch.setenv("SPECSHIM_DISABLE", "b")
+    with pytest.raises(ValueError, match=r"^exclude: unknown adapter name\(s\) \['nope'\]"):
+        specshim.apply(exclude="nope")
+
+
+def test_a_bad_variable_is_one_line_from_the_command_line(monkeypatch, capsys) -> None:
+    from specshim import cli
+
+    monkeypatch.setenv("SPECSHIM_STRICT", "maybe")
+    assert cli.main(["report", "--no-import"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "specshim report: SPECSHIM_STRICT='maybe': expected 1, true, yes, on (on) or 0, false, "
+        "no, off, empty (off), in any case"
+    ]
+
+
 def test_not_needed_adapter_patches_nothing(monkeypatch, fake_module) -> None:
     use(monkeypatch, fake_adapter("a", probe=lambda: not_needed("already fine")))
     report = specshim.apply()

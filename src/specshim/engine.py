@@ -138,6 +138,25 @@ def _env_list(name: str) -> set[str]:
     return {item.strip() for item in os.environ.get(name, "").split(",") if item.strip()}
 
 
+#: The spellings an on/off environment variable takes, in any case (empty or unset is off).
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+
+
+def _env_flag(name: str) -> bool:
+    """The on/off environment variable ``name``; any other value is a ``ValueError`` naming
+    it, since a misspelt "ture" silently meaning off would hide what the user asked for."""
+    value = os.environ.get(name, "")
+    if value.strip().lower() in TRUE_WORDS:
+        return True
+    if value.strip().lower() in FALSE_WORDS:
+        return False
+    raise ValueError(
+        f"{name}={value!r}: expected {', '.join(TRUE_WORDS)} (on) or "
+        f"{', '.join(w for w in FALSE_WORDS if w)}, empty (off), in any case"
+    )
+
+
 def _names(value: str | Iterable[str] | None, what: str) -> list[str] | None:
     """``value`` as a list of adapter names: a single string is one name, not its letters."""
     if value is None:
@@ -396,8 +415,10 @@ class Engine:
         be applied, :class:`TypeError` or :class:`ValueError` for a bad name.
         """
         only = _names(only, "only")
-        exclude = sorted(set(_names(exclude, "exclude") or ()) | _env_list(DISABLE_ENV))
-        strict = os.environ.get(STRICT_ENV, "") == "1" if strict is None else strict
+        disabled = _env_list(DISABLE_ENV)
+        self._check_names(disabled, DISABLE_ENV)
+        exclude = sorted(set(_names(exclude, "exclude") or ()) | disabled)
+        strict = _env_flag(STRICT_ENV) if strict is None else strict
         with self.lock:
             self.strict = strict
             before = dict(self.outcome)
