@@ -102,6 +102,22 @@ def test_bad_row_is_named_by_line(tmp_path, tokenizer, row, problem) -> None:
     assert len(skipped) == 1
 
 
+def test_a_byte_order_mark_at_the_start_is_not_part_of_the_first_row(tmp_path, tokenizer) -> None:
+    """Windows tools save UTF-8 with a byte-order mark; only the file's start may hold one, and
+    a bad byte after it is still named by its place in the line as written."""
+    path = write(
+        tmp_path, b"\xef\xbb\xbf" + line({"input_ids": [5, 6]}).strip(), chat("user", "assistant")
+    )
+    samples = list(dataset.read(path, tokenizer))
+    assert len(samples) == 2 and samples[0].input_ids == [5, 6]
+    path = write(tmp_path, b'\xef\xbb\xbf{"input_ids": [5]}\xff')
+    with pytest.raises(dataset.BadRow, match=r"line 1: not valid UTF-8 \(byte 0xff at byte 22 "):
+        list(dataset.read(path, tokenizer))
+    path = write(tmp_path, {"input_ids": [5]}, b'\xef\xbb\xbf{"input_ids": [6]}')
+    with pytest.raises(dataset.BadRow, match="line 2: not valid JSON"):
+        list(dataset.read(path, tokenizer))
+
+
 def test_sharegpt_roles_are_named_with_their_chat_name(tmp_path, tokenizer) -> None:
     with pytest.raises(
         dataset.BadRow, match=r"role \"human\" is not a known role .*; write 'user' for 'human'"

@@ -209,12 +209,14 @@ def _parse(source: Path, number: int, raw: bytes) -> Any:
     """One JSONL line's value, or a :class:`BadRow` saying why it is not UTF-8 JSON.
 
     Lines are decoded one at a time so that one bad byte names its line and can be skipped,
-    instead of aborting the whole file.
+    instead of aborting the whole file. The first may start with a UTF-8 byte-order mark, as
+    files saved by Windows tools do: it is not part of the row.
     """
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as exc:
-        where = f"byte {raw[exc.start]:#04x} at byte {exc.start + 1} of the line"
+        start = exc.start + len(raw) - len(exc.object)  # exc.object: the line past the mark
+        where = f"byte {raw[start]:#04x} at byte {start + 1} of the line"
         return BadRow(source, number, f"not valid UTF-8 ({where}; expected UTF-8 JSON)")
     try:
         return json.loads(text)
