@@ -1,6 +1,7 @@
 """Atomic writes leave either the whole file or nothing."""
 
 import contextlib
+import os
 import re
 import threading
 from pathlib import Path
@@ -179,3 +180,50 @@ def test_a_write_that_fails_with_room_left_is_not_called_a_full_disk(tmp_path: P
     with pytest.raises(OSError, match="the device went away") as raised:
         files.write_atomic(tmp_path / "x", refuse)
     assert not isinstance(raised.value, files.DiskFull)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"file": ["data_0.pt"], "fingerprint": "p", "size": 1, "mtime_ns": 1}',  # a list
+        '{"file": 7, "fingerprint": "p", "size": 1, "mtime_ns": 1}',  # a number for a name
+        '{"file": "data_0.pt", "fingerprint": "p", "size": "1", "mtime_ns": 1}',  # a string
+        '{"file": "data_0.pt", "fingerprint": "p", "size": true, "mtime_ns": 1}',  # a boolean
+        '{"file": "data_0.pt", "fingerprint": null, "size": 1, "mtime_ns": 1}',
+        '{"file": "data_0.pt", "fingerprint": "p", "size": 1}',  # a field missing
+        '{"file": "data_0.pt", "fingerprint": "p", "size": 1, "mtime_ns": 1, "x": 0}',
+        '["data_0.pt", "p", 1, 1]',
+        "[" * 100_000 + "]" * 100_000,  # nested past Python's recursion limit
+        '{"file": "data_0.pt", "fingerp',  # torn by a kill
+    ],
+    ids=["list", "number", "string", "bool", "null", "missing", "extra", "array", "deep", "torn"],
+)
+def test_a_ledger_line_that_is_not_an_entry_is_not_recorded(tmp_path: Path, line: str) -> None:
+    """The line is skipped as a torn one is: the entries before and after it stand (before:
+    a list or a number for the name raised TypeError, deep nesting RecursionError, a string or
+    null for a size or fingerprint replaced data_0.pt's good entry)."""
+    ledger = files.Ledger(tmp_path / "ledger.jsonl")
+    for i in range(3):
+        files.save_json(tmp_path / f"data_{i}.pt", i)
+        ledger.record(tmp_path / f"data_{i}.pt", f"p{i}")
+        if i == 1:
+            with ledger.path.open("a") as f:
+                f.write(line + "\n")
+    entries = ledger.entries()
+    assert sorted(entries) == ["data_0.pt", "data_1.pt", "data_2.pt"]
+    assert [e.fingerprint for e in entries.values()] == ["p0", "p1", "p2"]
+    assert all(e.still_there(tmp_path) for e in entries.values())
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_take_the_users_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    """A team sharing a machine reads each other's extraction where the umask lets it."""
+    torch = pytest.importorskip("torch")
+    before = os.umask(umask)
+    try:
+        files.save_torch(tmp_path / "data_0.pt", {"input_ids": torch.arange(3)})
+        files.save_json(tmp_path / "sample_lengths.json", {"0": 3})
+    finally:
+        os.umask(before)
+    for name in ("data_0.pt", "sample_lengths.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == mode, name

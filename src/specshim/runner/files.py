@@ -12,8 +12,8 @@ import errno
 import functools
 import json
 import os
+import secrets
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,10 +32,9 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     file's path) itself: the fsync is of the file, whichever descriptor wrote it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = _new_beside(path)
     except OSError as exc:  # no room for the folder or the file's inode either
         raise disk_full(path.parent, exc) or exc from None
-    os.close(fd)
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -49,6 +48,19 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         if full:
             raise full from exc
         raise
+
+
+def _new_beside(path: Path) -> Path:
+    """A new empty file beside ``path``, ``.<name>.<random>.tmp`` (what :func:`remove_partials`
+    clears), with the permissions of any new file: 0666 less the user's umask. (``tempfile``
+    makes its files 0600, which would leave every output unreadable to the user's group.)"""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:  # another writer drew the same name
+            continue
+        return tmp
 
 
 #: Free bytes under which a failed write is taken for a full disk: ``torch.save`` says
@@ -123,6 +135,22 @@ class Entry:
     size: int
     mtime_ns: int
 
+    @classmethod
+    def parse(cls, line: bytes) -> Entry | None:
+        """The entry a ledger line holds, or None for a line that is not one of ours: torn
+        by a kill, not JSON, nested too deep to parse, or with a field of the wrong type (a
+        list where the file name belongs, a string where the size does)."""
+        try:
+            fields = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+        types = {"file": str, "fingerprint": str, "size": int, "mtime_ns": int}
+        if not (isinstance(fields, dict) and fields.keys() == types.keys()):
+            return None
+        if not all(type(fields[name]) is kind for name, kind in types.items()):
+            return None
+        return cls(**fields)
+
     def still_there(self, directory: Path) -> bool:
         """True when ``directory/file`` is still the very file that was written.
 
@@ -171,7 +199,8 @@ class Ledger:
     """An append-only log (one JSON object a line) of files written whole, beside them.
 
     An entry is appended only after its file was renamed into place, so a file without an
-    entry (killed in between) is never trusted. A line torn by a kill mid-append is ignored,
+    entry (killed in between) is never trusted. A line torn by a kill mid-append, or that is
+    not an entry at all (:meth:`Entry.parse`), is ignored,
     and later entries for a file replace earlier ones. :meth:`keep` rewrites the log
     atomically with only the entries the caller still trusts, so it does not grow with reruns.
     The ledger keeps :data:`LEDGER_ROOM` allocated past its end, so that a disk the samples'
@@ -191,11 +220,8 @@ class Ledger:
         if not self.path.exists():
             return found
         for line in self.path.read_bytes().splitlines():
-            try:
-                entry = Entry(**json.loads(line))
-            except (ValueError, TypeError):  # a torn last line, or not ours
-                continue
-            found[entry.file] = entry
+            if (entry := Entry.parse(line)) is not None:
+                found[entry.file] = entry
         return found
 
     def keep(self, entries: Iterable[Entry]) -> None:
