@@ -110,3 +110,26 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
     yield sized
     if mounted:
         subprocess.run(["umount", "--lazy", str(mount)], check=True)  # once nothing holds it
+
+
+def carrying_own_code(model: Path, out: Path, marker: Path, model_type: str = "llama") -> Path:
+    """A copy of ``model`` in ``out`` whose ``config.json`` names Python code of its own
+    (``auto_map``, as a hub repository with custom code has it): importing that code appends
+    the importing process's id to ``marker``. With a ``model_type`` transformers does not
+    know, only that code can read the config."""
+    import json
+    import shutil
+
+    shutil.copytree(model, out)
+    (out / "own_code.py").write_text(
+        "import os\n"
+        "from transformers import LlamaConfig\n"
+        f"with open({str(marker)!r}, 'a') as f:\n"
+        "    f.write(f'{os.getpid()}\\n')\n"
+        "class OwnConfig(LlamaConfig):\n"
+        f"    model_type = {model_type!r}\n"
+    )
+    config = json.loads((out / "config.json").read_text())
+    config |= {"model_type": model_type, "auto_map": {"AutoConfig": "own_code.OwnConfig"}}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out

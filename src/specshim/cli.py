@@ -91,6 +91,20 @@ def _add_layers(command: argparse.ArgumentParser, help_text: str) -> None:
     command.add_argument("--layers", type=_layers, default=None, help=help_text)
 
 
+def _add_trust_remote_code(command: argparse.ArgumentParser) -> None:
+    """The one switch for a model's own Python code (:mod:`specshim.runner.remote_code`), on
+    every command that reads a model."""
+    from specshim.runner import remote_code
+
+    command.add_argument(
+        remote_code.FLAG,
+        action="store_true",
+        help="run the Python code the model folder or hub repository carries (auto_map in its "
+        "config), here and in vLLM; without it, a model that only its own code can read is "
+        "refused",
+    )
+
+
 def _extract(args: argparse.Namespace) -> int:
     """Run the extraction; vLLM's log goes to stderr unless ``--verbose``, so stdout holds
     only the summary."""
@@ -113,6 +127,7 @@ def _extract(args: argparse.Namespace) -> int:
             engine=extract.EngineSettings(
                 args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization
             ),
+            trust_remote_code=args.trust_remote_code,
         )
     print(summary.text())
     return 0
@@ -195,6 +210,7 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "own); vLLM refuses to start where less than that is free: lower it on a GPU that "
         "other processes use",
     )
+    _add_trust_remote_code(command)
     command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
     command.set_defaults(handler=_extract)
 
@@ -231,7 +247,7 @@ def _vocab(args: argparse.Namespace) -> int:
     from specshim.runner import vocab
 
     vocab.check_sizes(args.draft_vocab_size, args.target_vocab_size)  # before reading a model
-    target = args.target_vocab_size or vocab.target_vocab_size(args.model)
+    target = args.target_vocab_size or vocab.target_vocab_size(args.model, args.trust_remote_code)
     for path in vocab.build(args.data, args.draft_vocab_size, target, args.out or args.data):
         print(path)
     return 0
@@ -258,6 +274,7 @@ def _add_vocab(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     command.add_argument(
         "--out", type=Path, default=None, help="where d2t.npy/t2d.npy go (default: --data)"
     )
+    _add_trust_remote_code(command)
     command.set_defaults(handler=_vocab)
 
 
@@ -278,6 +295,7 @@ def _train(args: argparse.Namespace) -> int:
         resume=args.resume,
         dtype=args.dtype,
         overwrite=args.overwrite,
+        trust_remote_code=args.trust_remote_code,
     )
     print(result.text())
     return 0
@@ -319,6 +337,7 @@ def _add_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     command.add_argument(
         "--dtype", default="float32", help="float32 or bfloat16 (model and states)"
     )
+    _add_trust_remote_code(command)
     command.set_defaults(handler=_train)
 
 
@@ -445,6 +464,7 @@ def _eval(args: argparse.Namespace) -> int:
         k=args.k,
         max_tokens=args.max_tokens,
         max_model_len=args.max_model_len,
+        trust_remote_code=args.trust_remote_code,
     )
     print(result.table())
     return 0 if result.identical else 1
@@ -470,6 +490,7 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     command.add_argument(
         "--out", type=Path, default=None, help="where eval.json goes (default: beside the draft)"
     )
+    _add_trust_remote_code(command)
     command.set_defaults(handler=_eval)
 
 

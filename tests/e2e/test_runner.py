@@ -97,7 +97,7 @@ def test_over_long_sample_is_an_error_unless_truncation_is_asked(tiny_models, tm
     cmd, env = specshim_command(*extract_args(tiny_models["llama"], dataset, tmp_path / "o"))
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
-    assert "line 1 has 300 tokens, more than max_model_len - 1 = 255" in result.stderr
+    assert f"{dataset}, line 1: 300 tokens, more than max_model_len - 1 = 255" in result.stderr
     assert not list((tmp_path / "o").glob("data_*.pt"))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -175,6 +176,54 @@ def test_the_layer_ids_are_carried_over_in_each_side_s_numbering(
     assert manifest["vllm_layer_ids"] == [2, 4, 5, 6]
     assert "--target-layer-ids 2 4 5 " in out
     assert "speculators 0.3/0.4 [1, 3, 4, 5] = vLLM [2, 4, 5, 6]" in out
+
+
+def test_layer_ids_listed_out_of_order_are_taken_ascending_as_the_files_hold_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """speculators 0.3/0.4's generator records its ids in the order it was given them and
+    stores the layers ascending: the conversion labels the states with the ids ascending, in
+    the manifest, the training command and the data_config.json it keeps; --layers in another
+    order names the same ids; an id given twice is one line."""
+    source = write_legacy(tmp_path / "src")
+    config = json.loads((source / "data_config.json").read_text())
+    config["hidden_states"]["layer_ids"] = [5, 1, 4, 3]
+    files.save_json(source / "data_config.json", config)
+    code, out, _ = in_process(capsys, "--data", str(source), "--out", str(tmp_path / "a"),
+                              "--layers", "4,3,5,1")  # fmt: skip
+    assert code == 0
+    manifest = json.loads((tmp_path / "a" / convert.MANIFEST).read_text())
+    assert manifest["generator_layer_ids"] == [1, 3, 4, 5]
+    assert manifest["vllm_layer_ids"] == [2, 4, 5, 6]
+    assert manifest["data_config"]["hidden_states"]["layer_ids"] == [1, 3, 4, 5]
+    assert "--target-layer-ids 2 4 5 " in out
+    code, _, err = in_process(capsys, "--data", str(source), "--out", str(tmp_path / "b"),
+                              "--layers", "1,3,3,5")  # fmt: skip
+    assert (code, err) == (1, "specshim convert: --layers: 3 is given twice (expected "
+                              "distinct ids)\n")  # fmt: skip
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_printed_training_command_is_quoted_for_the_shell(
+    capsys: pytest.CaptureFixture[str], legacy: Path, tmp_path: Path
+) -> None:
+    """An --out with a space and a quote comes back as one word when the printed command is
+    pasted into a shell."""
+    out = tmp_path / "it's converted"
+    code, printed, _ = in_process(capsys, "--data", str(legacy), "--out", str(out))
+    assert code == 0
+    [line] = [x for x in printed.splitlines() if "speculators train" in x]
+    command = line.split(": ", 1)[1].removesuffix(" ...")
+    assert shlex.split(command) == [
+        "speculators", "train", "--data-path", str(out),
+        "--target-layer-ids", "2", "4", "5", "--on-missing", "raise",
+    ]  # fmt: skip
+    back = tmp_path / "back again"
+    code, printed, _ = in_process(capsys, "--data", str(out), "--out", str(back))
+    assert code == 0
+    [line] = [x for x in printed.splitlines() if "specshim train" in x]
+    command = line.split(": ", 1)[1].removesuffix(" ...")
+    assert shlex.split(command) == ["specshim", "train", "--data", str(back)]
 
 
 def test_speculators_0_9_reads_the_converted_data(arrow: Path, tmp_path: Path) -> None:

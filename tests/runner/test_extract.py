@@ -450,9 +450,22 @@ def test_truncation_that_leaves_nothing_to_learn_is_refused_with_the_line() -> N
     sample with an all-zero loss mask, which the row checks refuse everywhere else."""
     kept = dataset.Sample(0, 1, [5] * 8, [1] * 8)
     lost = dataset.Sample(1, 3, [5] * 8, [0] * 6 + [1] * 2)
-    assert extract._prepare([kept], limit=6, truncate=True) == 1
+    rows = Path("rows.jsonl")
+    assert extract._prepare([kept], limit=6, truncate=True, data=rows) == 1
     with pytest.raises(extract.ExtractionError, match="line 3: truncated to max_model_len - 1"):
-        extract._prepare([kept, lost], limit=6, truncate=True)
+        extract._prepare([kept, lost], limit=6, truncate=True, data=rows)
+
+
+def test_an_over_long_row_is_named_by_its_file_and_line() -> None:
+    """The row's file and line, its length and the limit, and what to pass, in one line."""
+    rows = Path("my data's rows.jsonl")
+    long = dataset.Sample(1, 7, [5] * 9, [1] * 9)
+    with pytest.raises(extract.ExtractionError) as refused:
+        extract._prepare([sample(0, [5] * 3), long], limit=6, truncate=False, data=rows)
+    assert str(refused.value) == (
+        "my data's rows.jsonl, line 7: 9 tokens, more than max_model_len - 1 = 6 (1 such "
+        "rows); raise --max-model-len or pass --truncate"
+    )
 
 
 FAKE_DRIVERLESS_CUDA_TORCH = """

@@ -28,7 +28,10 @@ the last one.
 Where the ids come from: a 0.3/0.4 folder names them in ``data_config.json``; a >= 0.5
 folder does not record them, except one written by this module, whose ``specshim_convert.json``
 keeps them (and the 0.3/0.4 ``data_config.json``, so that a round trip gives it back); for any
-other source ``--layers`` gives them, in the source's own numbering.
+other source ``--layers`` gives them, in the source's own numbering. Either way they are taken
+in ascending order, the order every generator stores the layers in (a ``data_config.json`` that
+lists them in another order, as speculators 0.3/0.4's generator writes what it was given, is
+read and kept ascending).
 
 Streaming: one sample's tensors are in memory at a time; what is kept per sample is a ledger
 line and two short lists of token ids while they are counted. Resume: every file is written
@@ -46,6 +49,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from collections import Counter
@@ -57,6 +61,7 @@ from typing import Any
 from specshim import console
 from specshim.runner import files
 from specshim.runner.dataset import record as sample_record
+from specshim.runner.layer_ids import ascending, generator_ids, vllm_ids
 from specshim.runner.progress import Progress
 
 LEGACY = "speculators 0.3/0.4"
@@ -113,29 +118,14 @@ class Summary:
         if self.removed:
             lines.append(f"removed sample files beyond the source's samples: {self.removed}")
         if self.direction.endswith(ARROW):
-            lines.append(
-                f"train with speculators >= 0.5: speculators train --data-path {self.out} "
-                f"--target-layer-ids {' '.join(map(str, vllm[:-1]))} --on-missing raise ..."
-            )
+            ids = [str(k) for k in vllm[:-1]]
+            command = ["speculators", "train", "--data-path", str(self.out),
+                       "--target-layer-ids", *ids, "--on-missing", "raise"]  # fmt: skip
+            lines.append(f"train with speculators >= 0.5: {shlex.join(command)} ...")
         else:
-            lines.append(f"train with speculators 0.3/0.4: specshim train --data {self.out} ...")
+            command = ["specshim", "train", "--data", str(self.out)]
+            lines.append(f"train with speculators 0.3/0.4: {shlex.join(command)} ...")
         return "\n".join(lines)
-
-
-def vllm_ids(generator_ids: list[int]) -> list[int]:
-    """vLLM's ids (>= 0.5 data) for speculators 0.3/0.4 generator ids: each plus one."""
-    return [k + 1 for k in generator_ids]
-
-
-def generator_ids(vllm: list[int]) -> list[int]:
-    """speculators 0.3/0.4 generator ids for vLLM's ids: each minus one; vLLM's id 0 (the
-    embeddings) has no generator id."""
-    if min(vllm, default=1) < 1:
-        raise ConversionError(
-            f"vLLM layer ids {vllm} include 0 (the embeddings), which speculators 0.3/0.4 "
-            "cannot name"
-        )
-    return [k - 1 for k in vllm]
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -186,8 +176,13 @@ def detect(folder: Path) -> str:
 def _given_ids(
     recorded: list[int] | None, given: list[int] | None, where: Path, numbering: str
 ) -> list[int]:
-    """The source's layer ids: those ``where`` records, else ``--layers`` (in ``numbering``);
-    both must agree."""
+    """The source's layer ids, ascending (the order its files hold the layers in, whatever
+    order a ``data_config.json`` lists them in: :mod:`specshim.runner.layer_ids`): those
+    ``where`` records, else ``--layers`` (in ``numbering``); both must name the same ids."""
+    if given is not None:
+        given = ascending(given, "--layers")
+    if recorded is not None:
+        recorded = ascending(recorded, str(where))
     if recorded is not None and given is not None and recorded != given:
         raise ConversionError(f"--layers {given} differs from the ids {where} records: {recorded}")
     ids = recorded if recorded is not None else given
@@ -195,9 +190,9 @@ def _given_ids(
         raise ConversionError(
             f"{where.parent} records no layer ids (no {where.name}): pass --layers, {numbering}"
         )
-    if len(set(ids)) != len(ids) or len(ids) < 2:
+    if len(ids) < 2:
         raise ConversionError(f"layer ids {ids}: expected two or more distinct ids")
-    return list(ids)
+    return ids
 
 
 class LegacySource:
@@ -211,6 +206,8 @@ class LegacySource:
         self.generator_ids = _given_ids(
             recorded, layers, path, "the speculators 0.3/0.4 ids the data was extracted at"
         )
+        if self.data_config is not None:  # kept for the round trip, in the one order
+            self.data_config["hidden_states"]["layer_ids"] = self.generator_ids
 
     def file(self, i: int) -> Path:
         """Sample ``i``'s file."""

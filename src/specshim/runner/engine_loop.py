@@ -277,6 +277,7 @@ class EngineGenerator(native.LLMGenerator):
         max_model_len: int,
         tensor_parallel_size: int,
         steps: dict[str, int] | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         options: dict[str, Any] = {
             "model": model,
@@ -289,7 +290,7 @@ class EngineGenerator(native.LLMGenerator):
         }
         # steps: max_num_seqs, max_num_batched_tokens
         super().__init__(model, layer_ids, max_model_len, tensor_parallel_size,
-                         options | (steps or {}))  # fmt: skip
+                         options | (steps or {}), trust_remote_code)  # fmt: skip
         if not any(self.llm.collective_rpc("specshim_engine_install", args=(layer_ids,))):
             raise RuntimeError("engine capture: no vLLM worker of rank 0 took the capture")
         ahead = engine_feed.ahead_tokens(self.vllm_config.scheduler_config)
@@ -324,7 +325,7 @@ class EngineGenerator(native.LLMGenerator):
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         ran = [list(output.prompt_token_ids or []) for output in outputs]
         saved = _rank0(self.llm.collective_rpc("specshim_engine_kept", args=(tags,)))
-        kept = torch.load(io.BytesIO(saved))
+        kept = torch.load(io.BytesIO(saved), weights_only=True)
         return [
             {"input_ids": torch.tensor(ids, dtype=torch.long), "hidden_states": states}
             for ids, states in zip(ran, kept, strict=True)

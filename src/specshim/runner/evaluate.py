@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specshim.runner import files
+from specshim.runner import files, remote_code
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ def _generate(args: argparse.Namespace) -> None:
         enforce_eager=True,
         seed=0,
         disable_log_stats=False,  # LLM turns stats off by default; get_metrics() needs them
+        **remote_code.vllm_options(args.trust_remote_code),
     )
     if args.draft:
         options["speculative_config"] = {
@@ -133,17 +135,26 @@ def _generate(args: argparse.Namespace) -> None:
     files.save_json(Path(args.out), result)
 
 
-def _run(verifier: str, draft: str | None, prompts: Path, out: Path, **options: int) -> dict:
+def _run(
+    verifier: str,
+    draft: str | None,
+    prompts: Path,
+    out: Path,
+    trust_remote_code: bool = False,
+    **options: int,
+) -> dict:
     command = [sys.executable, "-m", "specshim.runner.evaluate", verifier, str(prompts), str(out)]
     if draft:
         command += ["--draft", draft]
+    if trust_remote_code:
+        command.append(remote_code.FLAG)
     for name, value in options.items():
         command += [f"--{name.replace('_', '-')}", str(value)]
     env = {**os.environ}
     env.pop("SPECSHIM_APPLY", None)
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"vLLM run failed ({' '.join(command)}):\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"vLLM run failed ({shlex.join(command)}):\n{done.stderr[-4000:]}")
     return json.loads(out.read_text())
 
 
@@ -155,16 +166,19 @@ def evaluate(
     k: int = 3,
     max_tokens: int = 48,
     max_model_len: int = 256,
+    trust_remote_code: bool = False,
 ) -> Evaluation:
-    """Greedy runs without and with ``draft`` (a folder vLLM loads: see ``runner.export``)."""
+    """Greedy runs without and with ``draft`` (a folder vLLM loads: see ``runner.export``);
+    vLLM runs the verifier's own code only with ``trust_remote_code``."""
     if not prompts:
         raise ValueError("specshim eval needs at least one prompt")
     workdir.mkdir(parents=True, exist_ok=True)
     prompt_file = workdir / "prompts.json"
     files.save_json(prompt_file, list(prompts))
     options = dict(k=k, max_tokens=max_tokens, max_model_len=max_model_len)
-    base = _run(verifier, None, prompt_file, workdir / "without_draft.json", **options)
-    spec = _run(verifier, draft, prompt_file, workdir / "with_draft.json", **options)
+    trust = trust_remote_code
+    base = _run(verifier, None, prompt_file, workdir / "without_draft.json", trust, **options)
+    spec = _run(verifier, draft, prompt_file, workdir / "with_draft.json", trust, **options)
     difference = next(
         (
             f"prompt {i}: {a} != {b}"
@@ -197,6 +211,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--max-model-len", type=int, default=256)
+    parser.add_argument(remote_code.FLAG, action="store_true")
     _generate(parser.parse_args())
 
 

@@ -21,17 +21,22 @@ import json
 from pathlib import Path
 
 from specshim.runner import files, train
+from specshim.runner.layer_ids import ascending
 
 #: Tensors of speculators' checkpoint that vLLM's Eagle3LlamaForCausalLM has no place for.
 NOT_SERVED = ("verifier_lm_head.", "verifier_norm.", "t2d")
 
 
 def generator_layer_ids(data: Path) -> list[int]:
-    """The layer ids the extraction captured, from its ``data_config.json``."""
+    """The layer ids the extraction captured, from its ``data_config.json``, ascending: the
+    order its files hold the layers in, whatever order the file lists them in
+    (:mod:`specshim.runner.layer_ids`; speculators 0.3/0.4's generator records its ids as it
+    was given them)."""
     config_path = data / "data_config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{config_path} is missing: export needs the extraction's folder")
-    return list(json.loads(config_path.read_text())["hidden_states"]["layer_ids"])
+    recorded = json.loads(config_path.read_text())["hidden_states"]["layer_ids"]
+    return ascending(list(recorded), f"{config_path} hidden_states.layer_ids")
 
 
 def serving_layer_ids(generator_ids: list[int], shift: int = 1) -> list[int]:

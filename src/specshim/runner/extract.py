@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import dataset, engine_loop, files, native, worker_writer
+from specshim.runner import dataset, engine_loop, files, native, remote_code, worker_writer
 from specshim.runner import handoff as handoffs
+from specshim.runner.layer_ids import ascending
 from specshim.runner.progress import Progress
 from specshim.runner.samples import Expected, sample_problem
 
@@ -238,18 +239,19 @@ def _engine_taken(generator: Any) -> str:
     )
 
 
-def model_config(model: str) -> Any:
-    """The model's transformers config; a folder that is not there is one line, not a hub
-    lookup (whose error talks about repo ids)."""
-    from transformers import AutoConfig
-
+def model_config(model: str, trust_remote_code: bool = False) -> Any:
+    """The model's transformers config, the model's own code run only with
+    ``trust_remote_code`` (:mod:`specshim.runner.remote_code`); a folder that is not there is
+    one line, not a hub lookup (whose error talks about repo ids)."""
     path = Path(model).expanduser()
     if path.exists() and not (path / "config.json").is_file():
         raise ExtractionError(f"--model {model}: no config.json there (expected a model folder)")
     if not path.exists() and (model.startswith(("/", ".", "~")) or model.count("/") > 1):
         raise ExtractionError(f"--model {model}: no such folder (expected a model folder)")
     try:
-        return AutoConfig.from_pretrained(model, trust_remote_code=True)
+        return remote_code.config(model, trust_remote_code)
+    except remote_code.RemoteCodeRefused:
+        raise
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise ExtractionError(f"--model {model}: its config could not be read ({first})") from exc
@@ -275,19 +277,20 @@ def default_layers(count: int) -> list[int]:
 
 def choose_layers(count: int, layers: list[int] | None) -> list[int]:
     """The layer ids to capture on a model of ``count`` decoder layers: ``layers`` checked
-    (distinct, each in ``[0, count)``), or :func:`default_layers`."""
+    (distinct, each in ``[0, count)``) and in ascending order, the order the files hold them
+    in (:mod:`specshim.runner.layer_ids`), or :func:`default_layers`. This one list is what
+    the manifest, the fingerprints and ``data_config.json`` record."""
     if layers is None:
         return default_layers(count)
     if not layers:
         raise ExtractionError("--layers: expected at least one layer id")
-    if repeated := [k for k, n in Counter(layers).items() if n > 1]:
-        raise ExtractionError(f"--layers: {repeated[0]} is given twice (expected distinct ids)")
-    if outside := [k for k in layers if not 0 <= k < count]:
+    chosen = ascending(layers, "--layers")
+    if outside := [k for k in chosen if not 0 <= k < count]:
         raise ExtractionError(
             f"--layers: {outside[0]} is out of range: the model has {count} decoder layers "
             f"(ids 0 to {count - 1})"
         )
-    return layers
+    return chosen
 
 
 def check_length(config: Any, max_model_len: int) -> None:
@@ -345,20 +348,24 @@ def _check_manifest(out: Path, settings: dict[str, Any]) -> None:
         )
 
 
-def _prepare(samples: list[dataset.Sample], limit: int, truncate: bool) -> int:
+def _prepare(samples: list[dataset.Sample], limit: int, truncate: bool, data: Path) -> int:
+    """How many rows of ``data`` are longer than ``limit`` tokens (truncated, with
+    ``truncate``); such a row without ``truncate``, or one whose truncation keeps no
+    loss-masked token, is an error naming the file and its line."""
     over = [s for s in samples if len(s.input_ids) > limit]
     if over and not truncate:
         first = over[0]
         raise ExtractionError(
-            f"line {first.line} has {len(first.input_ids)} tokens, more than max_model_len - 1 "
-            f"= {limit} ({len(over)} such rows); raise --max-model-len or pass --truncate"
+            f"{data}, line {first.line}: {len(first.input_ids)} tokens, more than "
+            f"max_model_len - 1 = {limit} ({len(over)} such rows); raise --max-model-len or "
+            "pass --truncate"
         )
     if emptied := [s for s in over if not any(s.loss_mask[:limit])]:
         first = emptied[0]
         raise ExtractionError(
-            f"line {first.line}: truncated to max_model_len - 1 = {limit} tokens it keeps none "
-            f"the draft learns from (its loss mask is 0 there; {len(emptied)} such rows); "
-            "raise --max-model-len or remove the row"
+            f"{data}, line {first.line}: truncated to max_model_len - 1 = {limit} tokens it "
+            f"keeps none the draft learns from (its loss mask is 0 there; {len(emptied)} such "
+            "rows); raise --max-model-len or remove the row"
         )
     return len(over)
 
@@ -481,11 +488,13 @@ def extract(
     verify: int = 0,
     backend: str = "auto",
     engine: EngineSettings = EngineSettings(),
+    trust_remote_code: bool = False,
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
-    starts; ``specshim_extract.json`` is written only once it has."""
+    starts; ``specshim_extract.json`` is written only once it has. The model's own code runs,
+    here and in vLLM, only with ``trust_remote_code`` (:mod:`specshim.runner.remote_code`)."""
     check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, engine, backend)
     if backend not in native.BACKENDS:
         raise ExtractionError(
@@ -502,14 +511,12 @@ def extract(
         handoff = handoffs.choose(handoff, tensor_parallel_size)
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
-    config = model_config(model)
+    config = model_config(model, trust_remote_code)
     layers = choose_layers(_text_config(config).num_hidden_layers, layers)
     check_length(config, max_model_len)
     prepare_out(out)
     settings = _settings(model, data, layers, max_model_len)
     _check_manifest(out, settings)
-
-    from transformers import AutoTokenizer
 
     import specshim
     from specshim import hardware
@@ -521,13 +528,13 @@ def extract(
     elif backend == "engine":
         handoff = ENGINE_IN_WORKER
     specshim.apply()
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = remote_code.tokenizer(model, trust_remote_code)
     skipped: list[dataset.BadRow] = []
     samples = list(dataset.read(data, tokenizer, skip_bad=skip_bad, skipped=skipped))
     if not samples:
         raise ExtractionError(f"{data} holds no usable samples")
     limit = max_model_len - 1
-    truncated = _prepare(samples, limit, truncate)
+    truncated = _prepare(samples, limit, truncate, data)
     prints = [fingerprint(s, limit, settings) for s in samples]
     files.remove_partials(out)
     work = plan(out, samples, prints)
@@ -539,9 +546,13 @@ def extract(
     taken = ""
     recomputed = 0
     if work.todo or verify or not _config_current(out, len(samples)):
-        with _generator(
-            model, layers, max_model_len, tensor_parallel_size, handoff, backend, out, engine
-        ) as generator:
+        with (
+            remote_code.in_speculators(trust_remote_code, remote_code.EXTRACTION_LOADERS),
+            _generator(
+                model, layers, max_model_len, tensor_parallel_size, handoff, backend, out,
+                engine, trust_remote_code,
+            ) as generator,
+        ):  # fmt: skip
             if backend == "native" and generator.files is not None:
                 handoff = NATIVE_IN_WORKER
             taken = _engine_taken(generator)
@@ -878,10 +889,12 @@ def _generator(
     backend: str = "generator",
     out: Path | None = None,
     engine: EngineSettings = EngineSettings(),
+    trust_remote_code: bool = False,
 ) -> Iterator[Any]:
     """speculators' generator (or, with ``backend="native"``, vLLM's own path behind its
     interface; with ``"engine"``, speculators' capture in vLLM's own engine loop), with vLLM
-    shut down on the way out.
+    shut down on the way out. vLLM runs the model's own code only with ``trust_remote_code``
+    (speculators' generator takes it from :func:`remote_code.in_speculators`, around this).
 
     The generator's own ``__del__`` would do it at interpreter exit, when its logger is
     already gone. Its states leave the worker the ``handoff`` way
@@ -898,12 +911,14 @@ def _generator(
     def start() -> Any:
         if backend == "native":
             return native.NativeGenerator(
-                model, layers, max_model_len, tensor_parallel_size, work, engine.options()
-            )
+                model, layers, max_model_len, tensor_parallel_size, work, engine.options(),
+                trust_remote_code,
+            )  # fmt: skip
         if backend == "engine":
             return engine_loop.EngineGenerator(
-                model, layers, max_model_len, tensor_parallel_size, engine.options()
-            )
+                model, layers, max_model_len, tensor_parallel_size, engine.options(),
+                trust_remote_code,
+            )  # fmt: skip
         from speculators.data_generation.vllm_hidden_states_generator import (
             VllmHiddenStatesGenerator,
         )

@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import engine_feed, files
+from specshim.runner import engine_feed, files, remote_code
 from specshim.runner.engine_feed import EngineFeed
+from specshim.runner.layer_ids import vllm_ids
 from specshim.runner.samples import Expected
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
@@ -76,16 +77,6 @@ OWN_CONNECTOR_NEEDS = (
 #: ... and, under tensor parallelism, that only rank 0 takes the lock and writes (0.25.1 on;
 #: in 0.22.1 every rank does, and another rank's lock file would truncate rank 0's outcome).
 ONE_RANK_WRITES = "self._is_tp_rank_zero"
-
-
-def vllm_ids(layers: list[int]) -> list[int]:
-    """vLLM's ids for speculators 0.3/0.4's ``layers`` (the same tensors)."""
-    return [k + 1 for k in layers]
-
-
-def speculators_ids(layers: list[int]) -> list[int]:
-    """speculators 0.3/0.4's ids for vLLM's ``layers``: :func:`vllm_ids` undone."""
-    return [k - 1 for k in layers]
 
 
 def per_layer(states: Any) -> list[Any]:
@@ -383,6 +374,7 @@ class LLMGenerator:
         max_model_len: int,
         tensor_parallel_size: int,
         options: dict[str, Any],
+        trust_remote_code: bool = False,
     ) -> None:
         from vllm import LLM
 
@@ -390,7 +382,7 @@ class LLMGenerator:
         self.layer_ids = layer_ids
         self.tensor_parallel_size = tensor_parallel_size
         self.max_model_len = max_model_len
-        self.llm = LLM(**options)
+        self.llm = LLM(**options, **remote_code.vllm_options(trust_remote_code))
         self.vllm_config = self.llm.llm_engine.vllm_config
 
     def cut(self, token_ids: list[list[int]]) -> list[list[int]]:
@@ -421,13 +413,14 @@ class NativeGenerator(LLMGenerator):
         tensor_parallel_size: int,
         work: Path,
         steps: dict[str, int] | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # module docstring: why
         own = writes_in_worker(tensor_parallel_size)
         options = engine_options(model, layer_ids, max_model_len, tensor_parallel_size, work, own)
         # steps: max_num_seqs, max_num_batched_tokens
         super().__init__(model, layer_ids, max_model_len, tensor_parallel_size,
-                         options | (steps or {}))  # fmt: skip
+                         options | (steps or {}), trust_remote_code)  # fmt: skip
         model_config = self.vllm_config.model_config
         state_bytes = getattr(model_config.dtype, "itemsize", 2)  # a torch.dtype once resolved
         per_token = model_config.get_hidden_size() * len(layer_ids) * state_bytes

@@ -39,6 +39,7 @@ from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
 from specshim import console
 from specshim.runner import dataset, engine_feed, files, native
+from specshim.runner.layer_ids import generator_ids
 from specshim.runner.samples import Expected, misaligned, sample_problem
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
         speculative = self._vllm_config.speculative_config
         assert speculative is not None  # vLLM's __init__ refuses the connector without it
         config = speculative.draft_model_config.hf_config
-        self._specshim_layers = native.speculators_ids(config.eagle_aux_hidden_state_layer_ids)
+        self._specshim_layers = generator_ids(config.eagle_aux_hidden_state_layer_ids)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         """vLLM's metadata for this step, with the announcements of its new requests, keyed

@@ -36,7 +36,7 @@ from typing import Any
 
 import specshim
 from specshim import console
-from specshim.runner import distributed, files
+from specshim.runner import distributed, files, remote_code
 
 #: What speculators' training reads (speculators/train/data.py, standardize_data_v1).
 AUX_LAYERS = 3
@@ -438,11 +438,23 @@ def note(text: str) -> None:
     console.status("specshim train", text)
 
 
-def draft_layer_config(verifier: str, num_layers: int) -> Any:
-    """A Llama decoder config with the verifier's sizes, as speculators' own script builds it."""
-    from transformers import AutoConfig, LlamaConfig
+def check_verifier(verifier: str, trust_remote_code: bool) -> None:
+    """Refuse, before ``--out`` is touched, a verifier whose config cannot be read, or that only
+    its own code reads and ``trust_remote_code`` is off (:mod:`specshim.runner.remote_code`)."""
+    try:
+        remote_code.config(verifier, trust_remote_code)
+    except OSError as exc:
+        raise ValueError(
+            f"--verifier {verifier}: no model config could be read ({console.first_line(exc)})"
+        ) from None
 
-    config = AutoConfig.from_pretrained(verifier)
+
+def draft_layer_config(verifier: str, num_layers: int, trust_remote_code: bool = False) -> Any:
+    """A Llama decoder config with the verifier's sizes, as speculators' own script builds it
+    (the verifier's own code run only with ``trust_remote_code``)."""
+    from transformers import LlamaConfig
+
+    config = remote_code.config(verifier, trust_remote_code)
     config = getattr(config, "text_config", config)
     layer = LlamaConfig(
         vocab_size=config.vocab_size,
@@ -464,15 +476,31 @@ def draft_layer_config(verifier: str, num_layers: int) -> Any:
     return layer
 
 
-def build_model(verifier: str, d2t: Any, t2d: Any, num_layers: int, ttt_steps: int) -> Any:
+def build_model(
+    verifier: str,
+    d2t: Any,
+    t2d: Any,
+    num_layers: int,
+    ttt_steps: int,
+    trust_remote_code: bool = False,
+) -> Any:
     """A new EAGLE-3 draft of ``num_layers`` layers (:func:`draft_layer_config`) with a draft
     vocabulary the size of ``d2t``: built with ``Eagle3DraftModel.from_training_args`` where
     speculators has it (0.4+), given ``ttt_steps``; else from a typed ``Eagle3SpeculatorConfig``
     whose greedy proposal has ``ttt_steps`` speculative tokens (0.3.0, see the module's
-    docstring)."""
+    docstring). The verifier's own code runs only with ``trust_remote_code``, in speculators'
+    reading of it too."""
+    with remote_code.in_speculators(trust_remote_code, remote_code.TRAINING_LOADERS):
+        return _draft(verifier, d2t, t2d, num_layers, ttt_steps, trust_remote_code)
+
+
+def _draft(
+    verifier: str, d2t: Any, t2d: Any, num_layers: int, ttt_steps: int, trust_remote_code: bool
+) -> Any:
+    """:func:`build_model`'s draft, made by the speculators release installed."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    layer = draft_layer_config(verifier, num_layers)
+    layer = draft_layer_config(verifier, num_layers, trust_remote_code)
     if hasattr(Eagle3DraftModel, "from_training_args"):  # speculators 0.4+
         return Eagle3DraftModel.from_training_args(
             verifier_config=layer,
@@ -624,15 +652,18 @@ def train(
     seed: int = 0,
     dtype: str = "float32",
     overwrite: bool = False,
+    trust_remote_code: bool = False,
 ) -> TrainResult:
     """Train a draft into ``out`` (see the module's docstring for what ``out`` may hold).
 
-    Every check (options, data, vocabulary, ``out``) runs before anything is loaded or
-    written; a bad one raises ``ValueError`` with one line.
+    Every check (options, data, vocabulary, the verifier's config, ``out``) runs before
+    anything is loaded or written; a bad one raises ``ValueError`` with one line. The
+    verifier's own code runs only with ``trust_remote_code``.
     """
     check_options(epochs, lr, max_len, num_layers, ttt_steps, dtype, device, resume, overwrite)
     vocab = vocab or data
     check_inputs(data, vocab)
+    check_verifier(verifier, trust_remote_code)
     settings = Settings(
         _resolved(data), _resolved(verifier) if Path(verifier).exists() else verifier,
         _resolved(vocab), max_len, num_layers, ttt_steps, lr, seed, dtype,
@@ -651,7 +682,8 @@ def train(
             _prepare_out(out, settings, resume, overwrite, epochs)
         _barrier(world)
         done = trained_epochs(checkpoints) if resume else 0
-        return _run(settings, out, epochs, device, world, resume, earlier.before(done))
+        return _run(settings, out, epochs, device, world, resume, earlier.before(done),
+                    trust_remote_code)  # fmt: skip
     finally:
         world.stop()
 
@@ -664,6 +696,7 @@ def _run(
     world: distributed.World,
     resume: bool,
     earlier: TrainResult,
+    trust_remote_code: bool = False,
 ) -> TrainResult:
     """speculators' trainer on the checked settings; the log is ``earlier`` plus this run."""
     import numpy as np
@@ -677,7 +710,8 @@ def _run(
     np.random.seed(settings.seed)
     torch.manual_seed(settings.seed)
     torch_dtype = getattr(torch, settings.dtype)
-    model = build_model(settings.verifier, d2t, t2d, settings.num_layers, settings.ttt_steps)
+    model = build_model(settings.verifier, d2t, t2d, settings.num_layers, settings.ttt_steps,
+                        trust_remote_code)  # fmt: skip
     model = model.to(torch_dtype)
 
     from speculators.train.trainer import Trainer, TrainerConfig

@@ -18,16 +18,17 @@ def check_sizes(draft_vocab_size: int, target_vocab_size: int | None) -> None:
         raise ValueError(f"--target-vocab-size must be at least 1, got {target_vocab_size}")
 
 
-def target_vocab_size(model: str | Path) -> int:
-    """The verifier's vocabulary size, from its config (a multimodal model's text part).
+def target_vocab_size(model: str | Path, trust_remote_code: bool = False) -> int:
+    """The verifier's vocabulary size, from its config (a multimodal model's text part), the
+    model's own code run only with ``trust_remote_code`` (:mod:`specshim.runner.remote_code`).
 
     A model that cannot be read is one line naming it (transformers' own error, which for a
     missing folder talks about repo ids, is kept as the cause).
     """
-    from transformers import AutoConfig
+    from specshim.runner import remote_code
 
     try:
-        config = AutoConfig.from_pretrained(model)
+        config = remote_code.config(str(model), trust_remote_code)
     except OSError as exc:
         raise ValueError(
             f"--model {model}: no model config could be read (expected a model folder with "
