@@ -18,7 +18,7 @@
 # Exit status: 0 when every moved fact is covered and every adapter decided; 1 when something
 # needs a human (the lines that do are printed last); 2 when the watch could not run (bad
 # arguments, a release that cannot be fetched, no older snapshot to compare with).
-set -uo pipefail
+set -uo pipefail  # not -e: every step runs and its status is collected
 cd "$(dirname "$0")/.."
 NIGHTLY_INDEX=${VLLM_NIGHTLY_INDEX:-https://wheels.vllm.ai/nightly}
 PYTHON=.venv/bin/python
