@@ -170,6 +170,142 @@ def test_training_fails_without(adapter, error, extracted, tmp_path) -> None:
     assert error in result.stderr
 
 
+def copy_of(extracted: Path, tmp_path: Path) -> Path:
+    """A copy of the extraction to damage (file times kept, as the ledger recorded them)."""
+    import shutil
+
+    return Path(shutil.copytree(extracted, tmp_path / "hs"))
+
+
+def truncate(path: Path) -> None:
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+
+
+def narrower(path: Path) -> None:
+    """The sample with half its hidden size, as another verifier's extraction holds it."""
+    import torch
+
+    sample = torch.load(path, weights_only=True)
+    sample["hidden_states"] = [s[:, : s.shape[1] // 2].clone() for s in sample["hidden_states"]]
+    torch.save(sample, path)
+
+
+def unfinished_rerun(data: Path) -> None:
+    """A rerun over more rows, killed: a file and its ledger entry beyond sample_lengths.json."""
+    from specshim.runner import files
+    from specshim.runner.extract import LEDGER
+
+    count = len(json.loads((data / "sample_lengths.json").read_text()))
+    (data / f"data_{count}.pt").write_bytes((data / "data_0.pt").read_bytes())
+    files.Ledger(data / LEDGER).record(data / f"data_{count}.pt", "a row's fingerprint")
+
+
+def in_process(capsys, *argv: str) -> tuple[int, list[str]]:
+    """``specshim ARGV`` in this process (for refusals that come before speculators is
+    imported): exit status and stderr lines."""
+    from specshim import cli
+
+    code = cli.main(list(argv))
+    return code, capsys.readouterr().err.splitlines()
+
+
+def missing(data: Path) -> None:
+    (data / "data_3.pt").unlink()
+
+
+def not_torch(data: Path) -> None:
+    (data / "data_9.pt").write_bytes(b"\x80\x02not torch")
+
+
+#: How a sample file goes wrong, and what train says about it.
+DAMAGES = {
+    "missing": (missing, "1 sample file is missing or wrong (data_3.pt: missing)"),
+    "truncated": (
+        lambda d: truncate(d / "data_5.pt"),
+        "(data_5.pt: could not be loaded as a sample (",
+    ),
+    "not-torch": (not_torch, "(data_9.pt: could not be loaded as a sample ("),
+    "other-hidden-size": (
+        lambda d: narrower(d / "data_7.pt"),
+        "(data_7.pt: 4 layers of hidden size 64 (data_0.pt: 4 of 128))",
+    ),
+    "unfinished-rerun": (
+        unfinished_rerun,
+        "(data_48.pt: recorded in specshim_extract_done.jsonl but not in sample_lengths.json)",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_train_refuses_an_incomplete_extraction_naming_the_file(
+    capsys, extracted, tmp_path, damage
+) -> None:
+    """Before: a missing sample trained on what was there, exit 0; a damaged one stopped the
+    run steps in with a traceback. Now: one line before anything is written."""
+    data = copy_of(extracted, tmp_path)
+    spoil, said = DAMAGES[damage]
+    spoil(data)
+    code, err = in_process(capsys, *train_args(data, tmp_path / "draft"))
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"specshim train: --data {data} is not one complete extraction: ")
+    assert said in err[0], err[0]
+    assert f"run `specshim extract` with --out {data} and the same arguments again" in err[0]
+    assert not (tmp_path / "draft").exists()
+
+
+def test_train_names_the_first_three_wrong_files_and_counts_them(capsys, extracted, tmp_path):
+    data = copy_of(extracted, tmp_path)
+    for i in (40, 3, 11, 25, 7):
+        (data / f"data_{i}.pt").unlink()
+    code, err = in_process(capsys, *train_args(data, tmp_path / "draft"))
+    assert code == 1 and len(err) == 1, err
+    assert ": 5 sample files are missing or wrong (data_3.pt: missing; data_7.pt: missing; " \
+        "data_11.pt: missing; and 2 more)" in err[0]  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", [truncate, lambda p: p.write_bytes(b"PK\x03\x04")])
+def test_vocab_names_a_damaged_token_freq(capsys, extracted, tmp_path, damage) -> None:
+    """Before: a 40-line UnpicklingError, or torch's zip error, as a traceback."""
+    data = copy_of(extracted, tmp_path)
+    damage(data / "token_freq.pt")
+    code, err = in_process(capsys, "vocab", "--data", str(data), "--draft-vocab-size", "128",
+                           "--target-vocab-size", "512", "--out", str(tmp_path / "v"))  # fmt: skip
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(
+        f"specshim vocab: {data / 'token_freq.pt'}: could not be loaded as token counts"
+    ), err[0]
+    assert err[0].endswith(f"run `specshim extract` with --out {data} again, which writes it anew")
+    assert not (tmp_path / "v").exists()
+
+
+def test_extract_redoes_a_sample_whose_ledger_line_is_of_the_wrong_type(extracted, tmp_path):
+    """A ledger line with a list where the file name belongs counts as not recorded (before:
+    a TypeError traceback): the rerun extracts that sample again, and the sample train named
+    as missing, and keeps every other; train then takes the folder."""
+    from specshim.runner.extract import LEDGER
+
+    data = copy_of(extracted, tmp_path)
+    ledger = data / LEDGER
+    lines = ledger.read_text().splitlines()
+    spoiled = [line.replace('"data_2.pt"', '["data_2.pt"]') for line in lines]
+    assert spoiled != lines
+    ledger.write_text("\n".join(spoiled) + "\n")
+    (data / "data_5.pt").unlink()
+    times = {p.name: p.stat().st_mtime_ns for p in data.glob("data_*.pt")}
+    model = json.loads((data / "data_config.json").read_text())["model"]["target_model_path"]
+    rerun = specshim("0.4.0.1", "extract", "--model", model, "--data",
+                     str(extracted.parent / "data.jsonl"), "--out", str(data),
+                     "--max-model-len", "256")  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "samples: 48 (2 extracted, 46 already done)" in rerun.stdout, rerun.stdout
+    now = {p.name: p.stat().st_mtime_ns for p in data.glob("data_*.pt")}
+    assert sorted(n for n in now if now[n] != times.get(n)) == ["data_2.pt", "data_5.pt"]
+    from specshim.runner import extracted as extraction
+
+    assert len(extraction.check(data)) == 48
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -182,3 +182,27 @@ def test_overwrite_removes_the_earlier_run_and_only_it(capsys, inputs, earlier) 
     assert sorted(p.name for p in (earlier / "checkpoints").iterdir()) == ["0"]
     log = json.loads((earlier / LOG).read_text())
     assert set(log["step_epochs"]) == {0}
+
+
+def test_resume_sets_aside_a_checkpoint_with_a_damaged_model_file(inputs, earlier) -> None:
+    """Every file of the last checkpoint is checked before a resume trusts it, not only the
+    scheduler's (before: speculators loaded the truncated weights, a SafetensorError traceback
+    "incomplete metadata, file not fully covered"). It is set aside, the line says which file,
+    and its epoch is trained again."""
+    model = earlier / "checkpoints" / "0" / "model.safetensors"
+    whole = model.read_bytes()
+    model.write_bytes(whole[: len(whole) // 2])
+    result = specshim("0.4.0.1", *args(inputs, earlier, "--epochs", "2", "--resume"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = (
+        f"set aside checkpoint {earlier / 'checkpoints' / '0'} as incomplete-0 (model.safetensors "
+        "could not be loaded as the draft's weights (Error while deserializing header: "
+        "incomplete metadata, file not fully covered))"
+    )
+    assert said in result.stderr, result.stderr[-3000:]
+    assert "--resume: no checkpoint in" in result.stderr  # both epochs trained anew
+    checkpoints = sorted(p.name for p in (earlier / "checkpoints").iterdir())
+    assert checkpoints == ["0", "1", "incomplete-0"]
+    assert (earlier / "checkpoints" / "incomplete-0" / "model.safetensors").read_bytes() != whole
+    steps = json.loads((earlier / LOG).read_text())["step_epochs"]
+    assert steps == sorted(steps) and set(steps) == {0, 1}

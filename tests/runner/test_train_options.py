@@ -79,6 +79,18 @@ def test_a_folder_without_the_vocabulary_names_the_command_that_writes_it(capsys
     assert f"--vocab {data} has no t2d.npy" in err[0] and "specshim vocab" in err[0]
 
 
+def test_sample_lengths_that_do_not_read_are_one_line_naming_the_file(capsys, tmp_path) -> None:
+    data = extraction_folder(tmp_path / "hs")  # sample_lengths.json: empty
+    code, err = run(capsys, *train_args(tmp_path, data))
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"specshim train: {data / 'sample_lengths.json'}: cannot be read (")
+    assert err[0].endswith(f"run `specshim extract` with --out {data} again")
+    (data / "sample_lengths.json").write_text('{"0": "40"}')
+    code, err = run(capsys, *train_args(tmp_path, data))
+    assert code == 1 and len(err) == 1 and "not a positive integer" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("sizes", "expected"),
     [

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import files
+from specshim.runner import files, stored
 from specshim.runner.dataset import record as sample_record
 from specshim.runner.layer_ids import ascending, generator_ids, vllm_ids
 from specshim.runner.progress import Progress
@@ -220,16 +220,14 @@ class LegacySource:
 
     def load(self, i: int) -> Sample:
         """``data_{i}.pt``, memory-mapped: its states are read from disk only when used."""
-        import torch
-
         path = self.file(i)
+        holds = "speculators 0.3/0.4 data (input_ids, hidden_states, loss_mask)"
+        data = stored.load_torch(path, holds, mmap=True)
         try:
-            data = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
             sample = Sample(data["input_ids"], data["loss_mask"], list(data["hidden_states"]))
-        except Exception as exc:  # noqa: BLE001 a damaged or foreign file: name it, say what was expected
+        except Exception as exc:  # noqa: BLE001 a foreign file: name it, say what was expected
             raise ConversionError(
-                f"{path}: could not be loaded as speculators 0.3/0.4 data (input_ids, "
-                f"hidden_states, loss_mask): {console.first_line(exc)}"
+                f"{path}: could not be loaded as {holds}: {console.first_line(exc)}"
             ) from None
         _check(sample, str(path), len(self.generator_ids))
         return sample

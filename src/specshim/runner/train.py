@@ -36,7 +36,7 @@ from typing import Any
 
 import specshim
 from specshim import console
-from specshim.runner import distributed, files, remote_code
+from specshim.runner import distributed, extracted, files, remote_code, stored
 
 #: What speculators' training reads (speculators/train/data.py, standardize_data_v1).
 AUX_LAYERS = 3
@@ -314,7 +314,8 @@ def check_options(
 
 
 def check_inputs(data: Path, vocab: Path) -> None:
-    """Is ``data`` an extraction folder with the layers EAGLE-3 reads, ``vocab`` a vocabulary?"""
+    """Is ``data`` one complete extraction (:func:`extracted.check`) with the layers EAGLE-3
+    reads, ``vocab`` a vocabulary?"""
     if not (any(data.glob("data_*.pt")) and (data / "sample_lengths.json").is_file()):
         raise ValueError(
             f"--data {data} is not an extraction folder (expected data_*.pt and "
@@ -326,10 +327,8 @@ def check_inputs(data: Path, vocab: Path) -> None:
             f"--vocab {vocab} has no {' or '.join(missing)}: run "
             f"`specshim vocab --data {data} --out {vocab}` first"
         )
-    import torch
-
-    first = min(data.glob("data_*.pt"))
-    layers = len(torch.load(first, weights_only=True, mmap=True)["hidden_states"])
+    first = extracted.check(data)[0]
+    layers = len(stored.load_torch(first, "a sample", mmap=True)["hidden_states"])
     if layers != AUX_LAYERS + 1:
         raise ValueError(
             f"{first} holds {layers} layers; EAGLE-3 training reads {AUX_LAYERS} auxiliary "
@@ -540,35 +539,44 @@ def epochs(checkpoints: Path) -> list[Path]:
     return sorted((p for p in checkpoints.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
 
 
-def is_complete(epoch_dir: Path) -> bool:
-    """Are all of a checkpoint's files there, the last one readable?"""
-    import torch
+def checkpoint_problem(epoch_dir: Path) -> str | None:
+    """The first of a checkpoint's files that is missing or does not read, and why, or None.
 
-    if not all((epoch_dir / name).exists() for name in CHECKPOINT_FILES):
-        return False
+    Each is read as cheaply as it is checked: the model's safetensors header (and that the
+    file is as long as it says), the optimizer's state memory-mapped, the scheduler's whole.
+    """
+    model, optimizer, scheduler = (epoch_dir / name for name in CHECKPOINT_FILES)
     try:
-        torch.load(epoch_dir / CHECKPOINT_FILES[-1], weights_only=True)
-    except Exception:  # noqa: BLE001 whatever torch raises, a torn file is not a checkpoint
-        return False
-    return True
+        stored.check_safetensors(model, "the draft's weights")
+        stored.load_torch(optimizer, "the optimizer's state", mmap=True)
+        stored.load_torch(scheduler, "the scheduler's state")
+    except stored.BadFile as exc:
+        return f"{exc.path.name} {exc.problem}"
+    return None
 
 
-def set_aside_incomplete(checkpoints: Path) -> list[Path]:
-    """Rename epoch directories that a kill left half-written, so resuming skips them.
+def is_complete(epoch_dir: Path) -> bool:
+    """Are all of a checkpoint's files there and readable (:func:`checkpoint_problem`)?"""
+    return checkpoint_problem(epoch_dir) is None
+
+
+def set_aside_incomplete(checkpoints: Path) -> list[str]:
+    """Rename epoch directories that a kill left half-written (or whose files were damaged
+    since), so resuming skips them; return one line for each, naming the file at fault.
 
     speculators' checkpointer resumes from the highest-numbered directory, complete or not;
-    a directory missing any of its files (or whose last file does not load) is renamed to
+    a directory with a file missing or unreadable (:func:`checkpoint_problem`) is renamed to
     ``incomplete-<epoch>`` (kept for inspection, ignored by speculators) and that epoch is
     trained again.
     """
     moved = []
     for epoch_dir in epochs(checkpoints):
-        if not is_complete(epoch_dir):
+        if problem := checkpoint_problem(epoch_dir):
             target = checkpoints / f"incomplete-{epoch_dir.name}"
             while target.exists():
                 target = target.with_name(target.name + "-again")
             epoch_dir.rename(target)
-            moved.append(target)
+            moved.append(f"set aside checkpoint {epoch_dir} as {target.name} ({problem})")
     return moved
 
 
@@ -604,8 +612,8 @@ def _prepare_out(out: Path, settings: Settings, resume: bool, overwrite: bool, e
         remove_run(out)
         note(f"--overwrite: removed the earlier run in {out}")
     if resume:
-        for path in set_aside_incomplete(out / "checkpoints"):
-            note(f"set aside a half-written checkpoint: {path}")
+        for line in set_aside_incomplete(out / "checkpoints"):
+            note(line)
         done = trained_epochs(out / "checkpoints")
         if done:
             left = f"epoch {epochs}" if done + 1 == epochs else f"epochs {done + 1} to {epochs}"
@@ -729,7 +737,7 @@ def _run(
     )
     accepted = inspect.signature(TrainerConfig).parameters
     config = TrainerConfig(**{k: v for k, v in options.items() if k in accepted})
-    data_files = sorted(str(p) for p in Path(settings.data).glob("data_*.pt"))
+    data_files = sorted(str(p) for p in extracted.sample_files(Path(settings.data)))
     tokens = TokenCounter()
     loader = _loader(data_files, settings.max_len, settings.seed, torch_dtype, world, tokens)
     collector = MetricCollector()

@@ -42,9 +42,8 @@ def build(
 ) -> tuple[Path, Path]:
     """Write ``d2t.npy`` and ``t2d.npy`` into ``out`` from ``data``'s ``token_freq.pt``."""
     import numpy as np
-    import torch
 
-    from specshim.runner import files
+    from specshim.runner import files, stored
 
     check_sizes(draft_vocab_size, target_vocab_size)
     if draft_vocab_size > target_vocab_size:
@@ -55,12 +54,16 @@ def build(
     freq_path = data / "token_freq.pt"
     if not freq_path.exists():
         raise FileNotFoundError(f"{freq_path} not found: run `specshim extract` into {data} first")
+    fix = f"run `specshim extract` with --out {data} again, which writes it anew"
+    freq = stored.load_torch(freq_path, "token counts ({token id: count})", fix=fix)
+    if not isinstance(freq, dict):
+        kind = type(freq).__name__
+        raise stored.BadFile(freq_path, f"holds a {kind}, not {{token id: count}}", fix)
     import specshim
 
     specshim.apply()  # speculators' import needs it on transformers 5
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    freq = torch.load(freq_path, weights_only=True)
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
     d2t_path, t2d_path = out / "d2t.npy", out / "t2d.npy"
     files.write_atomic(d2t_path, lambda f: np.save(f, d2t.numpy()))

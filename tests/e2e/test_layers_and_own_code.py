@@ -1,0 +1,73 @@
+"""On the real vLLM, with models carrying Python code of their own (``auto_map``), which runs
+only with ``--trust-remote-code``: not in specshim, not in speculators, not in vLLM.
+
+``--layers`` given out of order: every backend stores the layers ascending, and the manifest
+and ``data_config.json`` label them so, each state the output of the decoder layer its id names
+in float32 transformers; the same ids in another order resume the same extraction. A model only
+its own code reads: refused without the flag, extracted with it, vLLM told too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import carrying_own_code
+from e2e import harness
+from e2e.test_runner import extract_cmd, rows, write_rows
+from specshim.runner import extract
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from specshim.testbed import tiny_model
+
+    return tiny_model.build(tmp_path_factory.mktemp("m") / "four", num_layers=4)
+
+
+@pytest.mark.parametrize("backend", ["generator", "engine"])
+def test_layers_out_of_order_are_labelled_as_the_files_hold_them(
+    four_layers: Path, tmp_path: Path, backend: str
+) -> None:
+    marker = tmp_path / "ran"
+    model = carrying_own_code(four_layers, tmp_path / "model", marker)
+    dataset = write_rows(tmp_path / "data.jsonl", rows(four_layers, 3))
+    out = tmp_path / "out"
+    done = extract_cmd(model, dataset, out, "--backend", backend, "--layers", "3,0,2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not marker.exists(), "the model's own code ran without --trust-remote-code"
+    manifest = json.loads((out / extract.MANIFEST).read_text())
+    config = json.loads((out / "data_config.json").read_text())
+    assert manifest["layers"] == config["hidden_states"]["layer_ids"] == [0, 2, 3]
+    saved = [torch.load(out / f"data_{i}.pt", weights_only=True) for i in range(3)]
+    harness.assert_matches_transformers(model, {"layer_ids": [0, 2, 3], "files": saved}, "files")
+    again = extract_cmd(model, dataset, out, "--backend", backend, "--layers", "2,3,0")
+    assert "samples: 3 (0 extracted, 3 already done)" in again.stdout, again.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["generator", "engine"])
+def test_trust_remote_code_reaches_vllm(four_layers: Path, tmp_path: Path, backend: str) -> None:
+    """A model whose config only its own code reads (a model type transformers does not
+    know): refused in one line before anything is written, its code unrun; with
+    --trust-remote-code extracted, which vLLM can do only when it was told to trust the code
+    too (its ModelConfig refuses the model otherwise)."""
+    marker = tmp_path / "ran"
+    model = carrying_own_code(four_layers, tmp_path / "model", marker, "specshim_own")
+    dataset = write_rows(tmp_path / "data.jsonl", rows(four_layers, 3))
+    refused = extract_cmd(model, dataset, tmp_path / "refused", "--backend", backend)
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines()[-1] == (
+        f"specshim extract: {model} is read only by Python code of its own (auto_map in its "
+        "config), which specshim runs only with --trust-remote-code: pass it if you trust "
+        "that code"
+    )
+    assert not marker.exists() and not (tmp_path / "refused").exists()
+    out = tmp_path / "out"
+    done = extract_cmd(model, dataset, out, "--backend", backend, "--trust-remote-code")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "samples: 3 (3 extracted, 0 already done)" in done.stdout
+    assert marker.exists()
