@@ -7,6 +7,7 @@ the data is read, so none of them needs the training environment (and none write
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,16 @@ def test_overwrite_after_an_overwrite_that_was_killed(tmp_path) -> None:
     (out / "checkpoints" / "0").mkdir(parents=True)
     train.remove_run(out)
     assert list(out.iterdir()) == []
+
+
+def test_the_commands_to_run_first_are_quoted_for_the_shell(capsys, tmp_path) -> None:
+    """A folder named with a space and a quote comes back as one word when the command the
+    line names is pasted into a shell."""
+    data = extraction_folder(tmp_path / "it's hs")
+    (data / "t2d.npy").unlink()
+    _, err = run(capsys, *train_args(tmp_path, data))
+    command = err[0].split("`")[1]
+    assert shlex.split(command) == ["specshim", "vocab", "--data", str(data), "--out", str(data)]
+    (data / "sample_lengths.json").unlink()
+    _, err = run(capsys, *train_args(tmp_path, data))
+    assert shlex.split(err[0].split("`")[1]) == ["specshim", "extract", "--out", str(data)]

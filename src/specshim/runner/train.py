@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import random
+import shlex
 import shutil
 import sys
 import time
@@ -319,13 +320,13 @@ def check_inputs(data: Path, vocab: Path) -> None:
     if not (any(data.glob("data_*.pt")) and (data / "sample_lengths.json").is_file()):
         raise ValueError(
             f"--data {data} is not an extraction folder (expected data_*.pt and "
-            f"sample_lengths.json): run `specshim extract --out {data}` first"
+            f"sample_lengths.json): run `specshim extract --out {shlex.quote(str(data))}` first"
         )
     missing = [name for name in ("d2t.npy", "t2d.npy") if not (vocab / name).is_file()]
     if missing:
         raise ValueError(
             f"--vocab {vocab} has no {' or '.join(missing)}: run "
-            f"`specshim vocab --data {data} --out {vocab}` first"
+            f"`{shlex.join(['specshim', 'vocab', '--data', str(data), '--out', str(vocab)])}` first"
         )
     first = extracted.check(data)[0]
     layers = len(stored.load_torch(first, "a sample", mmap=True)["hidden_states"])
