@@ -6,11 +6,13 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-from specshim.runner import files
+from specshim.runner import distributed, files, out_lock
 from specshim.runner import handoff as handoffs
 
 #: where ``specshim snapshot`` records by default: a checkout's shipped snapshots (run there)
@@ -127,6 +129,7 @@ def _extract(args: argparse.Namespace) -> int:
             engine=extract.EngineSettings(
                 args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization
             ),
+            overwrite=args.overwrite,
             trust_remote_code=args.trust_remote_code,
         )
     print(summary.text())
@@ -209,6 +212,13 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the fraction of the device's memory vLLM may take (default 0.8, speculators' "
         "own); vLLM refuses to start where less than that is free: lower it on a GPU that "
         "other processes use",
+    )
+    command.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace or remove files in --out that specshim did not write there (data_*.pt, "
+        "token_freq.pt, sample_lengths.json, data_config.json); without it they stop the run "
+        "before vLLM starts, named",
     )
     _add_trust_remote_code(command)
     command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
@@ -546,18 +556,71 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+#: The exit status of a folder another command holds (:mod:`specshim.runner.out_lock`):
+#: argparse's for a command that cannot run as given, apart from bad input's 1.
+IN_USE = 2
+
+
+def _written_folder(args: argparse.Namespace) -> tuple[str, Path] | None:
+    """The option and folder ``args.command`` writes into, where one command at a time may:
+    ``train`` under torchrun locks it in its first process only (all of them write there)."""
+    if args.command in ("extract", "convert") or (args.command == "train" and distributed.first()):
+        return "--out", args.out
+    if args.command == "vocab":
+        return ("--out", args.out) if args.out else ("--data", args.data)
+    if args.command == "run":
+        return "--workdir", args.workdir
+    return None
+
+
+@contextlib.contextmanager
+def _holding(args: argparse.Namespace) -> Iterator[None]:
+    """Inside, the command holds the folder it writes into (:func:`out_lock.held`)."""
+    folder = _written_folder(args)
+    if folder is None:
+        yield
+        return
+    option, path = folder
+    with out_lock.held(path, args.command, option):
+        yield
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
+    """Inside, SIGTERM (``kill``'s and a scheduler's stop) is raised as ``KeyboardInterrupt``,
+    as Ctrl-C is, so that it gets the same clean-up (vLLM's processes shut down, what was
+    written recorded) and one line; Python's default for it ends the process at once, and
+    vLLM's workers outlive it. Yields the SIGTERMs received, for the exit status."""
+    received: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "vocab" and args.target_vocab_size is None and args.model is None:
         parser().error("vocab needs --target-vocab-size or --model")
-    try:
-        return args.handler(args)
-    except (FileNotFoundError, files.DiskFull, ValueError, RuntimeError) as exc:
-        print(f"specshim {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as exc:  # Ctrl-C: one line (what was saved), no traceback
-        print(f"specshim {args.command}: {exc or 'interrupted'}", file=sys.stderr)
-        return 130
+    with _sigterm_as_ctrl_c() as terminated:
+        try:
+            with _holding(args):
+                return args.handler(args)
+        except out_lock.OutInUse as exc:
+            print(f"specshim {args.command}: {exc}", file=sys.stderr)
+            return IN_USE
+        except (FileNotFoundError, files.DiskFull, ValueError, RuntimeError) as exc:
+            print(f"specshim {args.command}: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line (what was saved)
+            print(f"specshim {args.command}: {exc or 'interrupted'}", file=sys.stderr)
+            return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -36,3 +36,10 @@ def first_line(exc: BaseException) -> str:
                 break
         return f"{lines[0]}: {' '.join(said)}" if said else lines[0]
     return lines[0]
+
+
+def listed(names: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names`` and how many more: ``a, b, c and 12 more``, so that
+    a line naming files stays one line however many there are."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")

@@ -58,8 +58,18 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
     first = subprocess.Popen(cmd, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     wait_for_samples(first, out, "killed")
+    other = data.write(tmp_path / "other.jsonl", count=4)  # other data, the same folder
+    busy_cmd, _ = specshim_command(*extract_args(model, other, out))
+    busy = subprocess.run(busy_cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert busy.returncode == 2 and busy.stdout == "", busy.stderr[-3000:]
+    assert re.fullmatch(
+        rf"specshim extract: --out {re.escape(str(out))} is in use by specshim extract \(pid "
+        rf"{first.pid}, since [-\d]+ [:\d]+ \w+\): wait for it to end, or pick another folder\n",
+        busy.stderr,
+    ), busy.stderr[-3000:]
     os.killpg(first.pid, signal.SIGKILL)  # the whole group: vLLM's workers too
     first.wait()
+    assert (out / ".specshim.lock").exists()  # the file stays, but not its lock: resumed below
     written_before_kill = len(list(out.glob("data_*.pt")))
     assert written_before_kill < KILLED_RUN_SAMPLES, "the kill came too late to test resumption"
     # A file renamed into place but not yet recorded when the kill came is extracted again.
@@ -77,7 +87,7 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
     expected = list(rows.read(dataset, AutoTokenizer.from_pretrained(model)))
     written = sorted(out.glob("data_*.pt"))
     assert len(written) == len(expected) == KILLED_RUN_SAMPLES
-    assert not list(out.glob(".*.tmp"))
+    assert not list(out.glob(".*.tmp")) and not (out / ".specshim.lock").exists()
     for sample in expected:
         saved = torch.load(out / f"data_{sample.index}.pt", weights_only=True)
         assert saved["input_ids"].tolist() == sample.input_ids
@@ -282,10 +292,33 @@ def test_verify_fails_loudly_when_batched_states_differ(four_layers, tmp_path) -
     assert found and 49 < float(found.group(1)) < 51, last  # 1.5x, rounded to bf16
 
 
+def group_members(group: int) -> list[int]:
+    """The processes of process group ``group`` still running (zombies left out), from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _parent, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except OSError:  # ended meanwhile
+            continue
+        if int(process_group) == group and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+#: How each stop reaches specshim, and the exit status it must give: Ctrl-C in a terminal
+#: signals the whole process group, vLLM's workers too; ``kill`` signals specshim alone.
+STOPS = {"ctrl-c": (signal.SIGINT, os.killpg, 130), "kill": (signal.SIGTERM, os.kill, 143)}
+
+
+@pytest.mark.parametrize("stop", STOPS)
 @pytest.mark.parametrize("backend", ["generator", "engine"])
-def test_ctrl_c_is_one_line_exit_130_and_resumes(four_layers, tmp_path, backend: str) -> None:
+def test_ctrl_c_and_sigterm_are_one_line_and_resume(
+    four_layers, tmp_path, backend: str, stop: str
+) -> None:
     """The engine backend's files are written by vLLM's worker, which gets the Ctrl-C too:
-    those it reported (every ``RECORD_EVERY`` prompts) are kept, the rest written again."""
+    those it reported (every ``RECORD_EVERY`` prompts) are kept, the rest written again.
+    SIGTERM (``kill``) gets what Ctrl-C gets, with 143, and no process of the run outlives it."""
+    number, send, status = STOPS[stop]
     out = tmp_path / "out"
     dataset = write_rows(tmp_path / "data.jsonl", rows(four_layers, 200))
     cmd, env = specshim_command(*extract_args(four_layers, dataset, out), "--batch-size", "2",
@@ -293,9 +326,15 @@ def test_ctrl_c_is_one_line_exit_130_and_resumes(four_layers, tmp_path, backend:
     first = subprocess.Popen(cmd, env=env, start_new_session=True, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     wait_for_samples(first, out, "interrupted")
-    os.killpg(first.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole group
+    assert len(group_members(first.pid)) > 1  # vLLM's or the writers' processes run beside it
+    send(first.pid, number)
     stdout, stderr = first.communicate(timeout=120)
-    assert first.returncode == 130, stderr[-3000:]
+    assert first.returncode == status, stderr[-3000:]
+    # multiprocessing's resource tracker ends once specshim has: a moment to see it go
+    deadline = time.monotonic() + 5
+    while group_members(first.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_members(first.pid) == []
     assert "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("specshim extract: interrupted after "), last
@@ -309,6 +348,53 @@ def test_ctrl_c_is_one_line_exit_130_and_resumes(four_layers, tmp_path, backend:
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"{200 - done} extracted, {done} already done" in second.stdout
+
+
+def refusal_of(out: Path, names: str) -> str:
+    """The line that refuses to replace or remove ``names`` in ``out``."""
+    return (
+        f"specshim extract: --out {out} holds files specshim did not write there that this run "
+        f"would replace or remove: {names}; nothing was changed: pass --overwrite to let it, "
+        "or pick another --out"
+    )
+
+
+def test_files_specshim_did_not_write_are_kept_unless_overwrite(four_layers, tmp_path) -> None:
+    """A new --out holding the user's files that a run would replace or remove: refused before
+    vLLM starts, naming them, every byte kept; --overwrite lets the run replace them. A sample
+    file a run put in place but had not recorded when it was killed is the folder's own."""
+    good, out = rows(four_layers, 3), tmp_path / "out"
+    dataset = write_rows(tmp_path / "data.jsonl", good)
+    out.mkdir()
+    theirs = {"data_1.pt": b"mine", "data_77.pt": b"mine", "token_freq.pt": b"counts",
+              ".draft.tmp": b"half", "notes.txt": b"a run never touches it"}  # fmt: skip
+    for name, content in theirs.items():
+        (out / name).write_bytes(content)
+    refused = extract_cmd(four_layers, dataset, out)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    names = "data_1.pt, data_77.pt, token_freq.pt and 1 more"
+    assert refused.stderr.strip().splitlines()[-1] == refusal_of(out, names)
+    assert "Loading safetensors" not in refused.stderr  # vLLM never started
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == theirs
+
+    overwritten = extract_cmd(four_layers, dataset, out, "--overwrite")
+    assert overwritten.returncode == 0, overwritten.stderr[-3000:]
+    assert "removed data_i.pt beyond the current samples: 1" in overwritten.stdout
+    assert_files_match(out, good)
+    assert not (out / "data_77.pt").exists() and not (out / ".draft.tmp").exists()
+    assert (out / "notes.txt").read_bytes() == theirs["notes.txt"]
+
+    ledger = files.Ledger(out / extract.LEDGER)  # a kill between data_1.pt and its entry
+    ledger.keep(e for e in ledger.entries().values() if e.file != "data_1.pt")
+    (out / "data_9.pt").write_bytes(b"mine")  # and the user's file since
+    refused = extract_cmd(four_layers, dataset, out)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == refusal_of(out, "data_9.pt")
+    (out / "data_9.pt").unlink()
+    resumed = extract_cmd(four_layers, dataset, out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "samples: 3 (1 extracted, 2 already done)" in resumed.stdout
+    assert_files_match(out, good)
 
 
 def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_command(
@@ -325,7 +411,7 @@ def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_command(
     assert failed.returncode == 1
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith(f"specshim extract: vLLM could not start {broken}: "), last
-    assert sorted(p.name for p in out.iterdir()) == []
+    assert not out.exists()  # made for the run, and removed again: it wrote nothing
     corrected = extract_cmd(four_layers, dataset, out)
     assert corrected.returncode == 0, corrected.stderr[-3000:]
     assert "samples: 3 (3 extracted, 0 already done)" in corrected.stdout
@@ -348,7 +434,7 @@ def test_a_full_disk_is_one_line_before_or_during_the_run_and_resumes(
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith(f"specshim extract: {out}: the 48 samples to extract need at least")
     assert "Loading safetensors" not in refused.stderr  # vLLM never loaded the model
-    assert not list(out.iterdir())
+    assert not out.exists()
 
     small_disk(1480)
     filled = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

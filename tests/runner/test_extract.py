@@ -155,6 +155,28 @@ def test_a_file_written_but_not_recorded_is_not_trusted(tmp_path) -> None:
     assert [s.index for s in work.todo] == [1]
 
 
+def test_files_no_run_wrote_are_named_and_the_folder_s_own_are_not(tmp_path) -> None:
+    """What a run would replace or remove is foreign unless a run wrote it: recorded, a
+    claimed sample name (written, not yet recorded, when a run was killed), a final file of a
+    folder a run started in, or a temporary file of one of those; untouched files are never
+    named."""
+    samples = [sample(i, [5, 6]) for i in range(3)]
+    written(tmp_path, samples, fingerprints(samples))
+    ledger = files.Ledger(tmp_path / extract.LEDGER)  # data_2.pt: killed before its entry
+    ledger.keep(e for e in ledger.entries().values() if e.file != "data_2.pt")
+    for name in ("data_7.pt", "token_freq.pt", "notes.txt", ".mine.tmp"):
+        (tmp_path / name).write_bytes(b"not specshim's")
+    partial = tmp_path / ".data_2.pt.k3j4h5g6.tmp"  # what a killed write of data_2.pt leaves
+    partial.write_bytes(b"half")
+    assert files.partial_target(partial.name) == "data_2.pt"
+    work = extract.plan(tmp_path, samples, fingerprints(samples))
+    everything = ["data_2.pt", "data_7.pt", "token_freq.pt", ".data_2.pt.k3j4h5g6.tmp",
+                  ".mine.tmp"]  # fmt: skip
+    assert extract.not_written_here(tmp_path, work, claimed=0) == everything
+    files.save_json(tmp_path / extract.MANIFEST, {extract.CLAIMED: 3})  # a run started here
+    assert extract.not_written_here(tmp_path, work, claimed=3) == ["data_7.pt", ".mine.tmp"]
+
+
 def test_fingerprint_covers_ids_mask_truncation_model_and_layers() -> None:
     base = sample(0, [1, 2, 3])
     print_ = extract.fingerprint(base, 63, SETTINGS)

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import files, stored
+from specshim.runner import files, out_lock, stored
 from specshim.runner.dataset import record as sample_record
 from specshim.runner.layer_ids import ascending, generator_ids, vllm_ids
 from specshim.runner.progress import Progress
@@ -530,7 +530,7 @@ def _check_out(out: Path, source: Path, manifest: dict[str, Any]) -> None:
     if not out.is_dir():
         raise ConversionError(f"--out {out} is a file, expected a folder")
     earlier, _ = _json_field(out / MANIFEST, "generator_layer_ids")
-    if earlier is None and any(out.iterdir()):
+    if earlier is None and any(p.name != out_lock.LOCK_FILE for p in out.iterdir()):
         raise ConversionError(
             f"--out {out} is not empty and holds no {MANIFEST}: pass an empty or new folder"
         )

@@ -39,6 +39,11 @@ class World:
                 dist.destroy_process_group()
 
 
+def first() -> bool:
+    """True in torchrun's first process, and in a process torchrun did not start."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def start(device: str) -> World:
     """Join torchrun's process group (a single process needs none)."""
     size = int(os.environ.get("WORLD_SIZE", "1"))

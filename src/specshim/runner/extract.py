@@ -13,6 +13,12 @@ that entry; everything else (a row edited, inserted, removed or moved, a file em
 truncated or replaced, a file written but not yet recorded when the run was killed) is
 extracted again, and ``data_{i}.pt`` beyond the current number of samples are removed, so
 the folder always holds exactly one file per current row.
+
+Only files specshim wrote into the folder are replaced or removed: those its ledger names,
+sample files a run there claimed in ``specshim_extract.json`` before writing them (a run
+killed before it recorded one), and the final files of a folder a run started in. Any other
+file a run would replace or remove (a user's own ``data_77.pt``, a folder speculators' own
+generator wrote) stops it before vLLM starts, naming them, unless ``--overwrite`` is given.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import signal
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +50,12 @@ from specshim.runner.samples import Expected, sample_problem
 MANIFEST = "specshim_extract.json"
 LEDGER = "specshim_extract_done.jsonl"
 SAMPLE_FILE = re.compile(r"data_(\d+)\.pt")
+#: The files a run writes beside the samples, once every sample is in place.
+FINAL_FILES = ("token_freq.pt", "sample_lengths.json", "data_config.json")
+#: The manifest's count of the ``data_{i}.pt`` names (i below it) that runs into the folder
+#: have written or were writing: such a file that no ledger entry names was put in place by a
+#: run killed before it recorded it, and is the folder's own to write again.
+CLAIMED = "claimed_samples"
 #: ``--verify``: the most a token's states may differ between the batched file and a
 #: single-request extraction, as ``|batched - single| / |single|`` per token and layer. bf16
 #: on the CPU differs by well under 1 % between batch shapes; a sample from another row, or
@@ -79,7 +91,8 @@ class ExtractionError(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during extraction; its message is the one line to show."""
+    """Ctrl-C (or SIGTERM, raised as Ctrl-C) during extraction; its message is the one line
+    to show."""
 
 
 @dataclass
@@ -334,18 +347,20 @@ def _settings(model: str, data: Path, layers: list[int], max_model_len: int) -> 
     }
 
 
-def _check_manifest(out: Path, settings: dict[str, Any]) -> None:
-    """Refuse an ``out`` that holds an extraction with other settings."""
+def _check_manifest(out: Path, settings: dict[str, Any]) -> int:
+    """Refuse an ``out`` that holds an extraction with other settings; return the samples
+    its runs claimed (:data:`CLAIMED`; 0 where no run started there)."""
     path = out / MANIFEST
     if not path.exists():
-        return
+        return 0
     previous = json.loads(path.read_text())
-    if previous != settings:
-        changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+    changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+    if changed:
         raise ExtractionError(
             f"{out} holds an extraction with other settings {changed} (was, now); "
             "use a new --out directory or the same settings to resume"
         )
+    return int(previous.get(CLAIMED, 0))
 
 
 def _prepare(samples: list[dataset.Sample], limit: int, truncate: bool, data: Path) -> int:
@@ -400,6 +415,30 @@ def plan(out: Path, samples: list[dataset.Sample], prints: list[str]) -> Plan:
         if (m := SAMPLE_FILE.fullmatch(path.name)) and int(m.group(1)) >= len(samples)
     ]
     return Plan(todo, kept, redone, stale)
+
+
+def not_written_here(out: Path, work: Plan, claimed: int) -> list[str]:
+    """The names of the files in ``out`` that this run would replace or remove (samples to
+    extract again or beyond the current ones, the final files, temporary files of killed
+    writes) and that no run of specshim wrote there: neither its ledger names them, nor are
+    they sample files a run claimed (``claimed``) or final files of a folder a run started
+    in. Those are the user's own, or another tool's, and not this run's to lose."""
+    started = (out / MANIFEST).exists()
+    recorded = files.Ledger(out / LEDGER).entries()
+
+    def ours(name: str) -> bool:
+        if name in (MANIFEST, LEDGER) or name in recorded:
+            return True
+        if number := SAMPLE_FILE.fullmatch(name):
+            return int(number.group(1)) < claimed
+        return started and name in FINAL_FILES
+
+    replaced = [sample_file(s) for s in work.todo if (out / sample_file(s)).exists()]
+    final = [name for name in FINAL_FILES if (out / name).exists()]
+    touched = [path.name for path in work.stale] + replaced + final
+    foreign = [name for name in touched if not ours(name)]
+    partials = [p.name for p in files.partials(out) if not ours(files.partial_target(p.name))]
+    return sorted(foreign) + sorted(partials)
 
 
 def check_room(out: Path, todo: list[dataset.Sample], limit: int, layers: int, hidden: int) -> None:
@@ -488,13 +527,16 @@ def extract(
     verify: int = 0,
     backend: str = "auto",
     engine: EngineSettings = EngineSettings(),
+    overwrite: bool = False,
     trust_remote_code: bool = False,
 ) -> Summary:
     """Extract every sample of ``data`` not already in ``out`` (see the module doc for what
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
-    starts; ``specshim_extract.json`` is written only once it has. The model's own code runs,
-    here and in vLLM, only with ``trust_remote_code`` (:mod:`specshim.runner.remote_code`)."""
+    starts; ``specshim_extract.json`` is written only once it has. Files specshim did not
+    write that the run would replace or remove (:func:`not_written_here`) stop it before
+    anything changes, unless ``overwrite``. The model's own code runs, here and in vLLM, only
+    with ``trust_remote_code`` (:mod:`specshim.runner.remote_code`)."""
     check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, engine, backend)
     if backend not in native.BACKENDS:
         raise ExtractionError(
@@ -516,7 +558,7 @@ def extract(
     check_length(config, max_model_len)
     prepare_out(out)
     settings = _settings(model, data, layers, max_model_len)
-    _check_manifest(out, settings)
+    claimed = _check_manifest(out, settings)
 
     import specshim
     from specshim import hardware
@@ -536,8 +578,14 @@ def extract(
     limit = max_model_len - 1
     truncated = _prepare(samples, limit, truncate, data)
     prints = [fingerprint(s, limit, settings) for s in samples]
-    files.remove_partials(out)
     work = plan(out, samples, prints)
+    if not overwrite and (foreign := not_written_here(out, work, claimed)):
+        raise ExtractionError(
+            f"--out {out} holds files specshim did not write there that this run would "
+            f"replace or remove: {console.listed(foreign)}; nothing was changed: pass "
+            "--overwrite to let it, or pick another --out"
+        )
+    files.remove_partials(out)
     for path in work.stale:
         path.unlink()
     check_room(out, work.todo, limit, len(layers), _text_config(config).hidden_size)
@@ -556,7 +604,9 @@ def extract(
             if backend == "native" and generator.files is not None:
                 handoff = NATIVE_IN_WORKER
             taken = _engine_taken(generator)
-            files.save_json(out / MANIFEST, settings)  # only now: a failed start leaves nothing
+            # only now: a failed start leaves nothing; the claim before any sample is written
+            claim = {CLAIMED: max(claimed, len(samples))}
+            files.save_json(out / MANIFEST, {**settings, **claim})
             files.Ledger(out / LEDGER).keep(work.kept)
             extracted = _run(
                 generator, out, work.todo, prints, samples, batch_size, limit, progress, handoff
@@ -816,27 +866,35 @@ def _interrupted(ledger: files.Ledger, resumed: int, count: int) -> Interrupted:
 
 @contextlib.contextmanager
 def _noting_ctrl_c() -> Iterator[list[int]]:
-    """Note each SIGINT (then raise ``KeyboardInterrupt`` as Python does).
+    """Note each SIGINT, and each SIGTERM where a handler raises it (``specshim``'s command
+    line raises it as ``KeyboardInterrupt``), then let the handler before act.
 
-    Ctrl-C reaches vLLM's workers too, and a worker that exits first makes the generator's
-    call fail with vLLM's own error ("cancelled") instead of ``KeyboardInterrupt``: an error
-    after a noted Ctrl-C is the interruption. Only the main thread can take signals; elsewhere
-    nothing is noted.
+    Ctrl-C reaches vLLM's workers too, as a scheduler's SIGTERM to the whole job does, and a
+    worker that exits first makes the generator's call fail with vLLM's own error
+    ("cancelled") instead of ``KeyboardInterrupt``: an error after a noted signal is the
+    interruption. Only the main thread can take signals; elsewhere nothing is noted.
     """
     pressed: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield pressed
         return
+    handlers: dict[int, Callable[[int, Any], Any]] = {}
+    for noted in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(noted)
+        if callable(handler):  # not the default action or ignored: nothing to note then
+            handlers[noted] = handler
 
     def note(signum: int, frame: Any) -> None:
         pressed.append(signum)
-        signal.default_int_handler(signum, frame)
+        handlers[signum](signum, frame)
 
-    previous = signal.signal(signal.SIGINT, note)
+    for signum in handlers:
+        signal.signal(signum, note)
     try:
         yield pressed
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def _verify(

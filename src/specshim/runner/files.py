@@ -117,9 +117,21 @@ def save_json(path: Path, obj: Any) -> None:
     write_atomic(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True).encode()))
 
 
+def partials(directory: Path) -> list[Path]:
+    """The temporary files in ``directory`` that writes killed midway left (and any file
+    named as they are: ``.NAME.XXXX.tmp``)."""
+    return list(directory.glob(".*.tmp"))
+
+
+def partial_target(name: str) -> str:
+    """The name of the file the temporary file ``name`` (:func:`write_atomic`'s
+    ``.NAME.XXXX.tmp``) was to become."""
+    return name[1:].removesuffix(".tmp").rsplit(".", 1)[0]
+
+
 def remove_partials(directory: Path) -> int:
     """Delete temporary files left by a process that was killed mid-write; return how many."""
-    stale = list(directory.glob(".*.tmp"))
+    stale = partials(directory)
     for path in stale:
         path.unlink()
     return len(stale)

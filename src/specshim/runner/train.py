@@ -37,7 +37,7 @@ from typing import Any
 
 import specshim
 from specshim import console
-from specshim.runner import distributed, extracted, files, remote_code, stored
+from specshim.runner import distributed, extracted, files, out_lock, remote_code, stored
 
 #: What speculators' training reads (speculators/train/data.py, standardize_data_v1).
 AUX_LAYERS = 3
@@ -347,9 +347,11 @@ def _device(device: str | None) -> str:
 
 
 def _contents(out: Path) -> list[Path]:
+    """What ``out`` holds, less the lock of the command writing there (``out_lock``)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a folder (new, or a run to resume)")
-    return sorted(out.iterdir()) if out.is_dir() else []
+    held = out / out_lock.LOCK_FILE
+    return sorted(p for p in out.iterdir() if p != held) if out.is_dir() else []
 
 
 def _is_run_file(path: Path) -> bool:
@@ -369,8 +371,8 @@ def check_out(out: Path, settings: Settings, resume: bool, overwrite: bool) -> N
         foreign = [p.name for p in contents if not _is_run_file(p)]
         if foreign:
             raise ValueError(
-                f"--overwrite: --out {out} holds files a training run does not write "
-                f"({', '.join(foreign)}); nothing was removed: pick a new --out"
+                f"--overwrite: --out {out} holds files a training run does not write: "
+                f"{console.listed(foreign)}; nothing was removed: pick a new --out"
             )
     elif not resume:
         raise ValueError(

@@ -1,0 +1,109 @@
+"""One command at a time in a folder (``specshim.runner.out_lock``), with real processes.
+
+The holder is a real process holding the lock as a command does; the second is the real
+``specshim`` command line, which stops before it reads its inputs (they need not exist).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specshim.runner import out_lock
+
+HOLD = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from specshim.runner import out_lock\n"
+    "with out_lock.held(Path(sys.argv[1]), 'extract'):\n"
+    "    print('held', flush=True)\n"
+    "    time.sleep(600)\n"
+)
+
+
+@pytest.fixture
+def holder(tmp_path: Path):
+    """A process that holds ``tmp_path/out`` as ``specshim extract`` does."""
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stdout.readline() == "held\n"
+    yield process, out
+    process.kill()
+    process.wait()
+
+
+def specshim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "specshim.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+VOCAB_SIZES = ("--draft-vocab-size", "8", "--target-vocab-size", "64")
+#: Every command that writes into a folder, given that folder (``{}``) and inputs that need
+#: not exist: it stops on the lock before it reads them.
+COMMANDS = {
+    "extract": ["extract", "--model", "m", "--data", "d.jsonl", "--out", "{}"],
+    "train": ["train", "--data", "d", "--verifier", "v", "--out", "{}"],
+    "convert": ["convert", "--data", "d", "--out", "{}"],
+    "vocab --out": ["vocab", "--data", "d", *VOCAB_SIZES, "--out", "{}"],
+    "vocab into --data": ["vocab", "--data", "{}", *VOCAB_SIZES],
+    "run": ["run", "--workdir", "{}"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_second_command_into_a_held_folder_is_one_line_and_exit_2(holder, command) -> None:
+    process, out = holder
+    args = [str(out) if a == "{}" else a for a in COMMANDS[command]]
+    option = args[args.index(str(out)) - 1]
+    result = specshim(*args)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        f"specshim {args[0]}: {option} {out} is in use by specshim extract (pid {process.pid}, "
+        "since "
+    ), lines[0]
+    assert lines[0].endswith("): wait for it to end, or pick another folder")
+    assert [p.name for p in out.iterdir()] == [out_lock.LOCK_FILE]  # nothing else touched
+
+
+def test_a_killed_holder_leaves_no_lock_and_an_ended_one_no_file(holder) -> None:
+    process, out = holder
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert (out / out_lock.LOCK_FILE).exists()  # the file outlives it, the lock does not
+    with out_lock.held(out, "extract"):
+        text = (out / out_lock.LOCK_FILE).read_text()
+        assert text.startswith(f"specshim extract (pid {os.getpid()}, since ")
+    assert list(out.iterdir()) == []
+
+
+def test_a_folder_made_for_the_lock_goes_again_when_left_empty(tmp_path: Path) -> None:
+    """A command refused before it writes leaves no folder behind; one that wrote keeps it."""
+    with out_lock.held(tmp_path / "new", "extract"):
+        assert (tmp_path / "new").is_dir()
+    assert not (tmp_path / "new").exists()
+    with out_lock.held(tmp_path / "used", "extract"):
+        (tmp_path / "used" / "data_0.pt").write_bytes(b"x")
+    assert [p.name for p in (tmp_path / "used").iterdir()] == ["data_0.pt"]
+
+
+def test_the_lock_file_is_no_file_of_the_folder_for_train_or_convert(tmp_path: Path) -> None:
+    """A run killed leaves the (unlocked) lock file: train and convert still take the folder
+    as new, not as one holding files they did not write."""
+    from specshim.runner import convert, train
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / out_lock.LOCK_FILE).write_text("specshim extract (pid 1, since then)\n")
+    settings = train.Settings("d", "v", "d", 8, 1, 1, 0.1, 0, "float32")
+    train.check_out(out, settings, resume=False, overwrite=False)
+    convert._check_out(out, tmp_path / "data", {"source": "d"})
