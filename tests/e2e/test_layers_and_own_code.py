@@ -9,6 +9,7 @@ its own code reads: refused without the flag, extracted with it, vLLM told too."
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,24 @@ def test_trust_remote_code_reaches_vllm(four_layers: Path, tmp_path: Path, backe
     assert done.returncode == 0, done.stderr[-3000:]
     assert "samples: 3 (3 extracted, 0 already done)" in done.stdout
     assert marker.exists()
+
+
+def test_eval_hands_the_setting_to_vllm_and_quotes_a_failed_command(
+    four_layers: Path, tmp_path: Path
+) -> None:
+    """``specshim eval``'s vLLM run (its own process) on a model only its own code reads:
+    refused by vLLM without the setting, the failed command printed so that a shell reads the
+    model's path (a space and a quote in it) as one word; generating with it."""
+    from specshim.runner import evaluate, files
+
+    model = carrying_own_code(four_layers, tmp_path / "it's own", tmp_path / "ran", "specshim_own")
+    prompts = tmp_path / "prompts.json"
+    files.save_json(prompts, ["What comes after 3?"])
+    options = {"k": 1, "max_tokens": 4, "max_model_len": 64}
+    with pytest.raises(RuntimeError) as refused:
+        evaluate._run(str(model), None, prompts, tmp_path / "without.json", False, **options)
+    command = shlex.split(str(refused.value).split("(", 1)[1].split("):\n", 1)[0])
+    assert command[2:6] == ["specshim.runner.evaluate", str(model), str(prompts),
+                            str(tmp_path / "without.json")]  # fmt: skip
+    done = evaluate._run(str(model), None, prompts, tmp_path / "with.json", True, **options)
+    assert len(done["token_ids"]) == 1 and len(done["token_ids"][0]) == 4
