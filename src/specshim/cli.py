@@ -619,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"specshim {args.command}: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line (what was saved)
-            print(f"specshim {args.command}: {exc or 'interrupted'}", file=sys.stderr)
+            print(f"specshim {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
             return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 

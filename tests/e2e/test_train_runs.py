@@ -206,3 +206,37 @@ def test_resume_sets_aside_a_checkpoint_with_a_damaged_model_file(inputs, earlie
     assert (earlier / "checkpoints" / "incomplete-0" / "model.safetensors").read_bytes() != whole
     steps = json.loads((earlier / LOG).read_text())["step_epochs"]
     assert steps == sorted(steps) and set(steps) == {0, 1}
+
+
+def test_sigterm_stops_training_as_ctrl_c_does_and_the_run_resumes(inputs, tmp_path) -> None:
+    """``kill`` (SIGTERM to specshim alone) mid-training: one line, exit status 143, no
+    process of the run left, and ``--resume`` goes on from the last complete checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from e2e.test_runner import group_members, specshim_command
+    from specshim.runner.train import is_complete, trained_epochs
+
+    out = tmp_path / "draft"
+    cmd, env = specshim_command(*args(inputs, out, "--epochs", "200"))
+    first = subprocess.Popen(cmd, env=env, start_new_session=True, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 600
+    while not is_complete(out / "checkpoints" / "0"):
+        assert first.poll() is None, "training ended before it could be stopped"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(first.pid, signal.SIGTERM)
+    stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr and stdout == "", stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "specshim train: interrupted"
+    assert group_members(first.pid) == [] and not (out / ".specshim.lock").exists()
+    done = trained_epochs(out / "checkpoints")
+    resumed = subprocess.run([*cmd[:-1], str(done + 1), "--resume"], env=env,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    last = out / "checkpoints" / str(done - 1)
+    assert f"resuming from {last} ({done} of {done + 1} epochs done" in resumed.stderr
