@@ -30,7 +30,7 @@ def four_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model.build(tmp_path_factory.mktemp("m") / "four", num_layers=4)
 
 
-@pytest.mark.parametrize("backend", ["generator", "engine"])
+@pytest.mark.parametrize("backend", ["generator", "engine", "native"])
 def test_layers_out_of_order_are_labelled_as_the_files_hold_them(
     four_layers: Path, tmp_path: Path, backend: str
 ) -> None:
@@ -50,7 +50,7 @@ def test_layers_out_of_order_are_labelled_as_the_files_hold_them(
     assert "samples: 3 (0 extracted, 3 already done)" in again.stdout, again.stderr[-3000:]
 
 
-@pytest.mark.parametrize("backend", ["generator", "engine"])
+@pytest.mark.parametrize("backend", ["generator", "engine", "native"])
 def test_trust_remote_code_reaches_vllm(four_layers: Path, tmp_path: Path, backend: str) -> None:
     """A model whose config only its own code reads (a model type transformers does not
     know): refused in one line before anything is written, its code unrun; with
