@@ -145,7 +145,8 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     command.add_argument("--out", required=True, type=Path, help="output directory (resumable)")
     _add_layers(
         command,
-        "distinct speculators layer ids, e.g. 2,16,29,31 (default: speculators' rule "
+        "distinct speculators layer ids, e.g. 2,16,29,31, in any order: the files hold the "
+        "layers ascending, and so the ids are recorded (default: speculators' rule "
         "[2, n/2, n-3, n-1], or the last four layers where that repeats an id)",
     )
     command.add_argument(

@@ -128,6 +128,20 @@ def test_speculators_readers_take_the_setting_not_their_own_true(
     assert not marker.exists(), "the model's own code ran"
 
 
+def test_a_speculators_release_without_a_loader_it_overrides_is_one_line() -> None:
+    """Where a release reads models some other way, its own trust_remote_code=True could run
+    unseen: no extraction runs there."""
+    with (
+        pytest.raises(RuntimeError) as refused,
+        remote_code.in_speculators(False, {"json": ("AutoConfig",)}),
+    ):
+        pass
+    assert str(refused.value) == (
+        "json has no AutoConfig: specshim cannot give it the --trust-remote-code setting "
+        "(expected speculators 0.3/0.4)"
+    )
+
+
 class RunsWhenUnpickled:
     """Pickles as a call of ``os.mkdir(marker)``: reading it with pickle runs that."""
 
