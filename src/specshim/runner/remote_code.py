@@ -21,8 +21,9 @@ from typing import Any
 FLAG = "--trust-remote-code"
 
 #: Where speculators 0.3/0.4 read a model with transformers' or vLLM's loaders, and the names
-#: they call there. Extraction: the generator and the data config it writes, both passing
-#: ``trust_remote_code=True``.
+#: they call there. Extraction: the generator (its config and vLLM's with
+#: ``trust_remote_code=True``, its tokenizer with transformers' default) and the data config it
+#: writes (``True``).
 EXTRACTION_LOADERS = {
     "speculators.data_generation.vllm_hidden_states_generator": (
         "AutoConfig",
