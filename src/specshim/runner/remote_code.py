@@ -14,7 +14,6 @@ own code can read is refused with one line (:class:`RemoteCodeRefused`).
 from __future__ import annotations
 
 import contextlib
-import unittest.mock
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -105,6 +104,7 @@ def in_speculators(trust: bool, where: Mapping[str, tuple[str, ...]]) -> Iterato
     from its module is an error: a release that reads the model some other way may pass its
     own ``True``."""
     import importlib
+    import unittest.mock  # not at import: the command line builds its parser from this module
 
     with contextlib.ExitStack() as stack:
         for name, loaders in where.items():
