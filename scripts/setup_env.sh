@@ -38,7 +38,8 @@ for spec in $SPECULATORS_READERS; do
 done
 
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, specshim" 2>/dev/null; then
-  if [ ! -x "$VENV/bin/lint-imports" ] || [ ! -x "$VENV/bin/mypy" ]; then  # built before them
+  if [ ! -x "$VENV/bin/lint-imports" ] || [ ! -x "$VENV/bin/mypy" ] ||
+    ! "$VENV/bin/python" -c "import xdist" 2>/dev/null; then  # built before the test extra had them
     "$VENV/bin/pip" install -q -c "$VENV/specshim-constraints.txt" -e ".[test]" 2>&1 | quiet
   fi
   echo "$VENV: ready (vllm $("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)'))"

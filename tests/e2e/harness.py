@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -9,11 +10,13 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import conftest
 from conftest import ROOT, speculators_path, vllm_python
 from specshim.testbed import model_runner_v2
 
@@ -24,6 +27,9 @@ MAX_RELATIVE_ERROR = 0.05
 MIN_COSINE = 0.999
 #: The environment name of the running interpreter's own CUDA vLLM (tests/gpu, on the H200).
 CUDA = "cuda"
+#: This test session: pytest-xdist's run id, shared by its workers, or this process's own.
+#: :func:`run` makes each run once per session and reads it back in every other worker.
+SESSION = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
 
 
 @functools.cache
@@ -68,7 +74,48 @@ def run(
     if len(name) > 200:  # many adapters excluded: keep the file name under the OS limit
         name = f"{vllm}-{speculators}-{hashlib.sha1(name.encode()).hexdigest()[:16]}"
     out = OUT / f"{name.replace(',', '_')}.pt"
-    for stale in (out, Path(f"{out}.error.json")):
+    with open(f"{out}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a run made by another worker of this session is read
+        return _made_here(out) or _make(
+            out, vllm, speculators, model, exclude, shim, batches, tp, prompt_len,
+            max_model_len, runner_v2, handoff,
+        )  # fmt: skip
+
+
+def _made_here(out: Path) -> dict[str, Any] | None:
+    """The result at ``out`` if a process of this test session made it (see :data:`SESSION`)."""
+    made = Path(f"{out}.session")
+    if not made.exists() or made.read_text() != SESSION:
+        return None
+    return _result(out)
+
+
+def _result(out: Path) -> dict[str, Any]:
+    error = Path(f"{out}.error.json")
+    if error.exists():
+        # all the driver printed: a vLLM worker logs the root cause before the generator's
+        # summary, and vLLM's logger writes to stdout
+        log = Path(f"{out}.log").read_text()
+        return {"error": {**json.loads(error.read_text()), "log": log}}
+    return torch.load(out, weights_only=False)
+
+
+def _make(
+    out: Path,
+    vllm: str,
+    speculators: str,
+    model: Path,
+    exclude: tuple[str, ...],
+    shim: bool,
+    batches: str,
+    tp: int,
+    prompt_len: int,
+    max_model_len: int,
+    runner_v2: bool,
+    handoff: str,
+) -> dict[str, Any]:
+    """Run the driver into ``out`` (see :func:`run`) and record that this session made it."""
+    for stale in (out, *(Path(f"{out}.{end}") for end in ("error.json", "log", "session"))):
         stale.unlink(missing_ok=True)
     on_gpu = vllm == CUDA
     paths = [str(speculators_path(speculators))]
@@ -76,6 +123,8 @@ def run(
         paths.append(os.environ["PYTHONPATH"])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("SPECSHIM_APPLY", None)
+    if tp > 1 and conftest.WORKER_CORES is not None:
+        env.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # a worker's cores: the driver binds each rank
     if on_gpu:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner_v2 else "0"
     elif runner_v2:
@@ -105,14 +154,11 @@ def run(
     if handoff != "rpc":
         cmd += ["--handoff", handoff]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    error = Path(f"{out}.error.json")
-    if error.exists():
-        # all the driver printed: a vLLM worker logs the root cause before the generator's
-        # summary, and vLLM's logger writes to stdout
-        return {"error": {**json.loads(error.read_text()), "log": proc.stdout + proc.stderr}}
-    if proc.returncode != 0 or not out.exists():
+    Path(f"{out}.log").write_text(proc.stdout + proc.stderr)
+    if not Path(f"{out}.error.json").exists() and (proc.returncode != 0 or not out.exists()):
         raise AssertionError(f"driver died (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return torch.load(out, weights_only=False)
+    Path(f"{out}.session").write_text(SESSION)
+    return _result(out)
 
 
 def assert_ran(result: dict[str, Any]) -> None:

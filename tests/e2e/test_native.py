@@ -81,12 +81,14 @@ def assert_same_files(by_generator: Path, by_native: Path) -> None:
     assert not (by_native / ".specshim-native").exists()
 
 
+@pytest.mark.smoke("0.32.0-0.4.0.1")
 def test_native_backend_writes_the_generator_backends_files(both) -> None:
     _model, by_generator, by_native = both
     assert_same_files(by_generator, by_native)
     assert len(list(by_native.glob("data_*.pt"))) == 12
 
 
+@pytest.mark.smoke("0.32.0-0.4.0.1")
 def test_native_backend_matches_transformers(both) -> None:
     model, by_generator, by_native = both
     layers = json.loads((by_generator / "data_config.json").read_text())["hidden_states"]

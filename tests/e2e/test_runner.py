@@ -51,6 +51,7 @@ def wait_for_samples(process: subprocess.Popen, out: Path, ending: str, count: i
 KILLED_RUN_SAMPLES = 160
 
 
+@pytest.mark.smoke
 def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tmp_path) -> None:
     model, out = tiny_models["llama"], tmp_path / "out"
     dataset = data.write(tmp_path / "data.jsonl", count=KILLED_RUN_SAMPLES)
