@@ -27,6 +27,7 @@ VLLM_ENVS = {v: e.python.parents[1] for v, e in environments.selected().items()}
 
 
 def _missing(what: str) -> None:
+    markers.check(what)
     if os.environ.get("SPECSHIM_REQUIRE_E2E") == "1":
         pytest.fail(f"{what} is missing; run scripts/setup_env.sh (see README)")
     pytest.skip(f"{what} is missing; run scripts/setup_env.sh")
@@ -64,7 +65,7 @@ def speculators_path(version: str) -> Path:
     return path
 
 
-markers.ENVIRONMENT_FUNCTIONS.update({vllm_python, unpacked_vllm, speculators_path})
+markers.ENVIRONMENT_FUNCTIONS.update({_missing, vllm_python, unpacked_vllm, speculators_path})
 markers.OTHER_ENVIRONMENT_FUNCTIONS.add(unpacked_vllm)
 markers.ENVIRONMENTS.update(VLLM_ENVS)
 markers.OTHER_ENVIRONMENTS.update(

@@ -1,4 +1,5 @@
-"""The markers ``vllm``, ``gpu`` and ``slow``, given to each test from what it needs.
+"""The markers ``vllm``, ``other_vllm``, ``gpu`` and ``slow``, given to each test from what it
+needs.
 
 Nothing is listed by hand, so a test added anywhere gets its markers from its code:
 
@@ -14,11 +15,12 @@ Nothing is listed by hand, so a test added anywhere gets its markers from its co
   ``.venv``: one of :data:`OTHER_ENVIRONMENTS` among its parameters, or it reaches one of
   :data:`OTHER_ENVIRONMENT_FUNCTIONS`. scripts/test.sh runs these last, once the second
   environment it builds meanwhile is ready.
-- ``slow``: a ``vllm`` or ``gpu`` test that is not a smoke test. ``scripts/test.sh --fast``
-  runs ``-m "not slow"``: every other test, and the few smoke tests that start vLLM once per
-  extraction backend in the default environment. A test is a smoke test where it is marked
-  ``smoke``, and names the ids of its smoke cases if only those are:
-  ``@pytest.mark.smoke("0.32.0-0.4.0.1")``.
+- ``slow``: a test that starts vLLM or trains (under ``tests/e2e`` or ``tests/gpu``) or runs in
+  another environment (``other_vllm``), and is not a smoke test. ``scripts/test.sh --fast``
+  runs ``-m "not slow"``: every other test (those that only import vLLM or speculators too),
+  and the few smoke tests that start vLLM once per extraction backend in the default
+  environment. A smoke test is marked ``smoke``, with the ids of its smoke cases where only
+  those are: ``@pytest.mark.smoke("0.32.0-0.4.0.1")``.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def apply(items: list[pytest.Item]) -> None:
         path = Path(item.path)
         if path.is_relative_to(TESTS / "gpu"):
             item.add_marker(pytest.mark.gpu)
+        in_vllm_folder = any(path.is_relative_to(folder) for folder in VLLM_FOLDERS)
         if not _marked(item, "vllm") and (
-            any(path.is_relative_to(folder) for folder in VLLM_FOLDERS)
+            in_vllm_folder
             or _parameters(item, "vllm") & ENVIRONMENTS
             or _reaches(item, ENVIRONMENT_FUNCTIONS)
         ):
@@ -64,7 +67,7 @@ def apply(items: list[pytest.Item]) -> None:
             _parameters(item) & OTHER_ENVIRONMENTS or _reaches(item, OTHER_ENVIRONMENT_FUNCTIONS)
         ):
             item.add_marker(pytest.mark.other_vllm)
-        heavy = _marked(item, "vllm") or _marked(item, "gpu")
+        heavy = in_vllm_folder or _marked(item, "other_vllm")
         if heavy and not _smoke(item):
             item.add_marker(pytest.mark.slow)
 

@@ -230,6 +230,7 @@ def test_a_moved_fact_counts_as_covered_only_where_its_adapter_decided() -> None
     assert {adapter for _, adapter, _ in found} == {"kv_cache_layout", "attention_block_size"}
 
 
+@pytest.mark.vllm  # triage reads the installed vLLM first
 def test_triage_without_snapshots_says_to_pass_against(tmp_path: Path) -> None:
     """A --contracts folder without snapshots: one line, saying what to pass and where
     snapshots live, before vLLM is imported."""

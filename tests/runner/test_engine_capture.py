@@ -10,13 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm import SamplingParams
 
 from specshim.runner import engine_feed
 from specshim.runner.engine_loop import KEPT, StepCapture
 from specshim.runner.samples import Expected
 from specshim.runner.worker_writer import WorkerFiles
 
+pytestmark = pytest.mark.vllm  # the real vLLM's request and sampling types
+SamplingParams = pytest.importorskip("vllm").SamplingParams
 LAYERS = [1, 3]
 
 

@@ -16,6 +16,8 @@ import pytest
 from specshim.runner.engine_feed import EngineFeed
 from specshim.runner.samples import Expected
 
+pytestmark = pytest.mark.vllm  # the feed builds the real vLLM's requests
+
 
 @dataclass
 class Finished:
