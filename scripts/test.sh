@@ -8,9 +8,10 @@
 #       bed if it is missing, the second environment meanwhile, and runs every test.
 #
 # Tests run two at a time (pytest-xdist), each file in one process: a file's tests share its
-# module fixtures and cached vLLM runs. Tests in the second environment (marker other_vllm)
-# run last, once it is built. End-to-end tests need the environments; SPECSHIM_REQUIRE_E2E=1
-# turns a missing one into a failure instead of a skip.
+# module fixtures and cached vLLM runs; each process's vLLM gets a core of its own
+# (tests/conftest.py). Tests in the second environment (marker other_vllm) come after the
+# default environment's long ones. End-to-end tests need the environments;
+# SPECSHIM_REQUIRE_E2E=1 turns a missing one into a failure instead of a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
@@ -20,31 +21,38 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 scripts/setup_env.sh .venv 0.32.0 5.19.0
 if [ "$FAST" = 0 ]; then
-  # mostly downloads: built while the default environment's tests run
+  # Mostly downloads: built while the default environment's tests run. It holds
+  # $SPECSHIM_SETUP.lock until it ends; a test that needs it waits for that (tests/conftest.py).
+  export SPECSHIM_SETUP=build/setup_others
   mkdir -p build
-  (scripts/setup_env.sh .venv-0.28 0.28.0 5.24.0 && scripts/unpack_vllm.sh 0.34.0 vllm) \
-    > build/setup_others.log 2>&1 &
+  rm -f "$SPECSHIM_SETUP.status"
+  exec 9> "$SPECSHIM_SETUP.lock"
+  flock 9
+  (
+    status=0
+    { scripts/setup_env.sh .venv-0.28 0.28.0 5.24.0 && scripts/unpack_vllm.sh 0.34.0 vllm; } \
+      > "$SPECSHIM_SETUP.log" 2>&1 || status=$?
+    echo "$status" > "$SPECSHIM_SETUP.status"
+    exit "$status"
+  ) &
   OTHERS=$!
+  exec 9>&-  # the build keeps the lock
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports  # the layers and no import circles: pyproject.toml [tool.importlinter]
 .venv/bin/mypy  # the shipped package's types (py.typed): pyproject.toml [tool.mypy]
 export SPECSHIM_REQUIRE_E2E=1
-PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile)
+# each file to one process, in the order tests/markers.py gives them
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+  --no-loadscope-reorder)
 if [ "$FAST" = 1 ]; then
   exec "${PYTEST[@]}" -m "not slow" "$@"
 fi
-first=0
-"${PYTEST[@]}" -m "not other_vllm" "$@" || first=$?
+tests=0
+"${PYTEST[@]}" "$@" || tests=$?
 if ! wait "$OTHERS"; then
-  cat build/setup_others.log >&2
+  cat "$SPECSHIM_SETUP.log" >&2
   exit 1
 fi
-last=0
-"${PYTEST[@]}" -m other_vllm "$@" || last=$?
-# 5: the arguments chose none of one run's tests, which is fine where the other ran some
-if [ "$first" = 5 ] && [ "$last" = 5 ]; then exit 5; fi
-for code in "$first" "$last"; do
-  if [ "$code" != 0 ] && [ "$code" != 5 ]; then exit "$code"; fi
-done
+exit "$tests"

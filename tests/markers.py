@@ -72,6 +72,22 @@ def apply(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def schedule(items: list[pytest.Item]) -> None:
+    """Order the items for pytest-xdist's ``--dist loadfile --no-loadscope-reorder``
+    (scripts/test.sh), which hands out whole files in the order of their first item: first the
+    files that start vLLM (their ``other_vllm`` tests last), then the other files with
+    ``other_vllm`` tests, then the rest (short tests, which fill in while the last long ones
+    end). The ``other_vllm`` tests' environment is built meanwhile: by the time a process
+    reaches one it is usually ready, and a test that needs it waits for it (conftest)."""
+
+    def rank(item: pytest.Item) -> int:
+        if _marked(item, "other_vllm"):
+            return 1
+        return 0 if any(Path(item.path).is_relative_to(f) for f in VLLM_FOLDERS) else 2
+
+    items.sort(key=rank)
+
+
 def running(item: pytest.Item | None) -> None:
     """Remember the test being run, for :func:`check`."""
     global _running
