@@ -16,7 +16,9 @@ Two patches in vLLM's worker processes: V2's ``prepare_inputs`` remembers each s
 (request ids and token counts) and the scheduler's order of the same requests; the extension's
 ``_store_captured_states`` reorders the captured tokens into the scheduler's order (the order
 the generator submitted, and the order of its metadata), which is what both releases expect.
-Under the V1 runner it runs unchanged.
+A forward without a step of ``prepare_inputs`` (vLLM 0.34 warms up and profiles V2 on a dummy
+batch through ``execute_model``) holds no request's states and is not stored. Under the V1
+runner it runs unchanged.
 """
 
 from __future__ import annotations
@@ -73,7 +75,10 @@ def _store(wrapped: Any, extension: Any, args: tuple, kwargs: dict) -> Any:
     import torch
 
     (aux_hidden_states,) = args
-    step: Step = getattr(runner, STEP)
+    step: Step | None = getattr(runner, STEP, None)
+    if step is None:  # warm-up and profiling run the model on a dummy batch: no request's states
+        return None
+    setattr(runner, STEP, None)  # one forward per step: a later dummy run never reuses it
     index = torch.tensor(step.scheduler_order(), device=aux_hidden_states[0].device)
     reordered = [states.index_select(0, index) for states in aux_hidden_states]
     metadata = getattr(extension, "_current_request_metadata", None)
