@@ -160,7 +160,7 @@ def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> No
     from specshim import report as reports
 
     absent = "vllm.v1.spec_decode.no_such_module_here"
-    monkeypatch.setattr(reports, "NATIVE_MODULES", (absent,))
+    monkeypatch.setattr(reports, "NATIVE_MODULES", ((absent,),))
     found = reports.native_path(versions.Installed("vllm", "0.17.1", "vllm"), X86)
     assert not found.available and found.to_dict()["reader"] is None
     assert f"not in vLLM 0.17.1 (no {absent}; vLLM's extract_hidden_states came in 0.18.0)" in (
@@ -168,6 +168,26 @@ def test_native_path_missing_names_the_module_and_the_release(monkeypatch) -> No
     )
     nothing = reports.native_path(versions.Installed("vllm", None, None), X86)
     assert (nothing.available, nothing.detail) == (False, "vLLM is not installed")
+
+
+def test_native_path_of_vllm_0_34_is_found_under_model_runner_v2() -> None:
+    """vLLM 0.34 keeps only Model Runner V2, whose extract_hidden_states proposer lives under
+    vllm.v1.worker.gpu.spec_decode: the report must not call the native path missing there (it
+    did, on CUDA vLLM 0.34.0 on an H100). Read from the release's own unpacked wheel."""
+    from conftest import unpacked_vllm
+
+    code = (
+        "from specshim import hardware, report, versions\n"
+        "gpu = hardware.Accelerator('cuda', 'NVIDIA H100', 1, 'sm_90', 'Hopper', 'cu130')\n"
+        "found = report.native_path(versions.vllm(), gpu)\n"
+        "print(found.available, found.detail)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(unpacked_vllm("0.34.0"))}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("True vLLM 0.34.0 has extract_hidden_states"), done.stdout
 
 
 @pytest.mark.vllm  # this environment's own runner, beside the stand-in

@@ -20,10 +20,15 @@ from specshim.adapters.targets import GENERATOR, WORKER
 
 SCHEMA_VERSION = 1
 #: vLLM's own hidden-state extraction (speculators >= 0.5 generates data through it): the
-#: speculative method's proposer and the connector that writes the files, as installed.
+#: speculative method's proposer and the connector that writes the files, as installed, each
+#: where any release keeps it (the proposer of Model Runner V2, the only runner from 0.34, lives
+#: under the V2 worker).
 NATIVE_MODULES = (
-    "vllm.v1.spec_decode.extract_hidden_states",
-    "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+    (
+        "vllm.v1.spec_decode.extract_hidden_states",
+        "vllm.v1.worker.gpu.spec_decode.extract_hidden_states",
+    ),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",),
 )
 #: The first vLLM with it (vLLM PR #33736) and the speculators that read what it writes.
 NATIVE_SINCE = "0.18.0"
@@ -56,7 +61,7 @@ def native_path(vllm: versions.Installed, accelerator: hardware.Accelerator) -> 
     speculators 0.3/0.4, with the command to take their data along (docs/migration.md)."""
     if vllm.version is None:
         return NativePath(False, "vLLM is not installed")
-    missing = [name for name in NATIVE_MODULES if not _importable(name)]
+    missing = [homes[0] for homes in NATIVE_MODULES if not any(map(_importable, homes))]
     if missing:
         return NativePath(
             False,
