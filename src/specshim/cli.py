@@ -509,12 +509,19 @@ def _run(args: argparse.Namespace) -> int:
     from specshim.runner import pipeline
 
     settings = pipeline.Settings(
-        args.workdir, args.max_model_len, args.verifier_seconds, args.samples, args.epochs
+        args.workdir,
+        args.max_model_len,
+        args.verifier_seconds,
+        args.samples,
+        args.epochs,
+        args.backend,
     )
     return pipeline.run(settings)
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from specshim.runner.native import BACKENDS
+
     command = _command(commands, "run", "the whole pipeline on a built-in tiny verifier")
     command.add_argument(
         "--workdir",
@@ -528,6 +535,9 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     command.add_argument("--samples", type=int, default=300, help="rows extracted for training")
     command.add_argument("--epochs", type=int, default=3, help="draft training epochs")
+    command.add_argument(
+        "--backend", choices=BACKENDS, default="auto", help="as `specshim extract --backend`"
+    )
     command.set_defaults(handler=_run)
 
 

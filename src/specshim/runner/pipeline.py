@@ -23,13 +23,15 @@ DRAFT_VOCAB = 256
 @dataclass(frozen=True)
 class Settings:
     """What ``specshim run`` is asked for: its work directory (kept between runs), the
-    verifier's training time and the number of samples and training epochs."""
+    verifier's training time, the number of samples and training epochs, and the extraction
+    backend (``specshim extract --backend``)."""
 
     workdir: Path
     max_model_len: int = 256
     verifier_seconds: float = 180.0
     samples: int = 300
     epochs: int = 3
+    backend: str = "auto"
 
 
 def say(message: str) -> None:
@@ -53,7 +55,12 @@ def run(settings: Settings) -> int:
     say(f"verifier {verifier}, data {dataset}")
     states = work / "hidden_states"
     summary = extract.extract(
-        str(verifier), dataset, states, layers=LAYERS, max_model_len=settings.max_model_len
+        str(verifier),
+        dataset,
+        states,
+        layers=LAYERS,
+        max_model_len=settings.max_model_len,
+        backend=settings.backend,
     )
     print(summary.text())
     target = vocab.target_vocab_size(verifier)
