@@ -1,4 +1,7 @@
-"""The ``specshim`` command line."""
+"""specshim: run speculators 0.3/0.4 (EAGLE-3 draft training) on newer vLLM releases.
+
+Each command's --help has an example; the docs are in docs/ of the source repository.
+"""
 
 from __future__ import annotations
 
@@ -34,9 +37,10 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+class DefaultsShown(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """argparse's help with defaults shown, except where there is none to show (a required
-    option, a flag, or a default of ``None`` whose meaning the help text states)."""
+    option, a flag, or a default of ``None`` whose meaning the help text states); the
+    description and the examples after the options are printed as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.required or action.default in (None, False):
@@ -48,11 +52,17 @@ def _command(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
     help_text: str,
-    description: str | None = None,
+    description: str,
+    example: str,
 ) -> argparse.ArgumentParser:
-    """A subcommand whose ``--help`` shows its options' defaults (:class:`DefaultsShown`)."""
+    """A subcommand whose ``--help`` says what it does, shows its options' defaults
+    (:class:`DefaultsShown`) and ends with an example."""
     return commands.add_parser(
-        name, help=help_text, description=description, formatter_class=DefaultsShown
+        name,
+        help=help_text,
+        description=description,
+        epilog=f"example:\n{example}",
+        formatter_class=DefaultsShown,
     )
 
 
@@ -70,7 +80,16 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = commands.add_parser("report", help="versions, accelerator, adapters and the verdict")
+    command = _command(
+        commands,
+        "report",
+        "versions, accelerator, adapters and the verdict",
+        "Say which vLLM, speculators and accelerator are installed, which patches this\n"
+        "combination needs, and whether the combination was tested (the matrix specshim\n"
+        "ships). Exit status: 0 fine; 1 a needed patch failed or the combination is known\n"
+        "broken; 2 bad usage.",
+        "  specshim report\n  specshim report --json > report.json",
+    )
     command.add_argument("--json", action="store_true", help="machine-readable output")
     command.add_argument(
         "--no-import",
@@ -101,9 +120,7 @@ def _add_trust_remote_code(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         remote_code.FLAG,
         action="store_true",
-        help="run the Python code the model folder or hub repository carries (auto_map in its "
-        "config), here and in vLLM; without it, a model that only its own code can read is "
-        "refused",
+        help="run the Python code the model carries (auto_map in its config), here and in vLLM",
     )
 
 
@@ -139,15 +156,30 @@ def _extract(args: argparse.Namespace) -> int:
 def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from specshim.runner.native import BACKENDS
 
-    command = _command(commands, "extract", "hidden states through speculators, patched")
+    command = _command(
+        commands,
+        "extract",
+        "hidden states of a verifier, as speculators 0.3/0.4 training reads them",
+        "Run the verifier over your prompts through vLLM and write what speculators 0.3/0.4\n"
+        "training reads: data_{i}.pt, token_freq.pt, sample_lengths.json, data_config.json.\n"
+        "After a crash, Ctrl-C or kill, the same command resumes where it stopped.\n"
+        "\n"
+        "--data: JSONL, one row a line, either token ids or a chat:\n"
+        '  {"input_ids": [128000, 9906, 1917], "loss_mask": [0, 1, 1]}\n'
+        '  {"messages": [{"role": "user", "content": "Hi"},\n'
+        '                {"role": "assistant", "content": "Hello!"}]}\n'
+        "or a folder saved with datasets' save_to_disk (docs/data.md has the format).",
+        "  specshim extract --model meta-llama/Llama-3.1-8B-Instruct \\\n"
+        "      --data chats.jsonl --out hs/ --max-model-len 4096 --truncate",
+    )
     command.add_argument("--model", required=True, help="verifier model directory or hub id")
-    command.add_argument("--data", required=True, type=Path, help="JSONL (ids or chats) or dataset")
+    command.add_argument(
+        "--data", required=True, type=Path, help="JSONL of token ids or chats, or a dataset folder"
+    )
     command.add_argument("--out", required=True, type=Path, help="output directory (resumable)")
     _add_layers(
         command,
-        "distinct speculators layer ids, e.g. 2,16,29,31, in any order: the files hold the "
-        "layers ascending, and so the ids are recorded (default: speculators' rule "
-        "[2, n/2, n-3, n-1], or the last four layers where that repeats an id)",
+        "speculators layer ids, e.g. 2,16,29,31 (default: speculators' [2, n/2, n-3, n-1])",
     )
     command.add_argument(
         "--max-model-len", type=int, default=2048, help="vLLM's context; longer rows: --truncate"
@@ -163,63 +195,46 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=int,
         default=0,
         metavar="N",
-        help="after the run, re-extract N random samples one at a time and compare them with "
-        "the batched files (5%% relative norm per token)",
+        help="after the run, re-extract N random samples one at a time and compare them",
     )
     command.add_argument(
         "--handoff",
         choices=handoffs.CHOICES,
         default="auto",
-        help="how the hidden states leave vLLM's worker: speculators' RPC, CUDA IPC (a CUDA "
-        "device only), one shared host buffer in /dev/shm, or not at all: the worker writes "
-        "the files (the same tensors bit for bit each way; docs/benchmarks.md section 6); "
-        "auto: worker on one CUDA device, rpc otherwise. rpc, ipc and shm are the generator "
-        "backend's: with --backend auto they choose it; engine and native refuse them",
+        help="how the states leave vLLM's worker (auto: worker on one CUDA device, else rpc; "
+        "docs/extract.md)",
     )
     command.add_argument(
         "--backend",
         choices=BACKENDS,
         default="auto",
-        help="generator: speculators 0.3/0.4's own, patched by specshim; native: vLLM's "
-        "extract_hidden_states path (vLLM >= 0.18), the same files (docs/migration.md); "
-        "engine: speculators' capture inside vLLM's own engine loop, the worker writing the "
-        "generator's files (the fastest measured on a GPU: up to 0.79 of vLLM's prefill on an "
-        "H100, docs/benchmarks.md run 12); "
-        "auto: the first of engine and generator that the matrix shows extracting with this "
-        "vLLM, speculators and accelerator, else the native path where vLLM has it",
+        help="which code extracts (auto: the one the matrix shows working here; docs/extract.md)",
     )
     command.add_argument(
         "--max-num-seqs",
         type=int,
         default=None,
         metavar="N",
-        help="prompts one engine step may take (default: the backend's own; speculators' "
-        "generator: 32); the summary says what vLLM used",
+        help="prompts one engine step may take (default: the backend's own)",
     )
     command.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=None,
         metavar="N",
-        help="tokens one engine step may take, at least --max-model-len (the engine backend: "
-        "at least 16, a longer prompt prefilled over several steps) (default: the backend's "
-        "own; speculators' generator: max(8192, --max-model-len))",
+        help="tokens one engine step may take (default: the backend's own)",
     )
     command.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=None,
         metavar="F",
-        help="the fraction of the device's memory vLLM may take (default 0.8, speculators' "
-        "own); vLLM refuses to start where less than that is free: lower it on a GPU that "
-        "other processes use",
+        help="fraction of the GPU's memory vLLM may take (default 0.8; lower it on a shared GPU)",
     )
     command.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace or remove files in --out that specshim did not write there (data_*.pt, "
-        "token_freq.pt, sample_lengths.json, data_config.json); without it they stop the run "
-        "before vLLM starts, named",
+        help="replace files in --out that specshim did not write (else the run stops first)",
     )
     _add_trust_remote_code(command)
     command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
@@ -240,16 +255,17 @@ def _add_convert(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         commands,
         "convert",
         "training data between speculators 0.3/0.4 and >= 0.5 (both ways)",
-        description="Convert speculators 0.3/0.4 data (data_{i}.pt, data_config.json) into "
-        "speculators >= 0.5 data (an Arrow dataset and hidden_states/hs_{i}.safetensors) or "
-        "back; vLLM layer id = speculators 0.3/0.4 id + 1 (docs/migration.md)",
+        "Convert speculators 0.3/0.4 data (data_{i}.pt, data_config.json) into speculators\n"
+        ">= 0.5 data (an Arrow dataset and hidden_states/hs_{i}.safetensors) or back; the\n"
+        "direction is read from --data. Layer ids are renumbered (vLLM id = speculators\n"
+        "0.3/0.4 id + 1). A rerun keeps what is already converted (docs/migration.md).",
+        "  specshim convert --data hs/ --out hs-v09/",
     )
     command.add_argument("--data", required=True, type=Path, help="the folder to convert")
     command.add_argument("--out", required=True, type=Path, help="output folder (resumable)")
     _add_layers(
         command,
-        "the source's layer ids in its own numbering, where it records none (>= 0.5 data "
-        "not written by specshim: vLLM's ids, the last layer included, e.g. 3,16,30,32)",
+        "the source's layer ids where it records none, e.g. 3,16,30,32 (docs/migration.md)",
     )
     command.set_defaults(handler=_convert)
 
@@ -265,7 +281,15 @@ def _vocab(args: argparse.Namespace) -> int:
 
 
 def _add_vocab(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = _command(commands, "vocab", "d2t.npy / t2d.npy from token_freq.pt")
+    command = _command(
+        commands,
+        "vocab",
+        "d2t.npy / t2d.npy from token_freq.pt",
+        "Build the draft's vocabulary mapping (d2t.npy, t2d.npy) from an extraction's\n"
+        "token_freq.pt: the draft predicts the most frequent loss-masked tokens.",
+        "  specshim vocab --data hs/ --draft-vocab-size 32000 \\\n"
+        "      --model meta-llama/Llama-3.1-8B-Instruct",
+    )
     command.add_argument("--data", required=True, type=Path, help="an extraction folder")
     command.add_argument(
         "--draft-vocab-size",
@@ -313,7 +337,17 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _add_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = _command(commands, "train", "EAGLE-3 draft training through speculators")
+    command = _command(
+        commands,
+        "train",
+        "EAGLE-3 draft training through speculators",
+        "Train an EAGLE-3 draft on an extraction folder with speculators' own trainer,\n"
+        "one checkpoint per epoch; --resume continues after the last one. The folder is\n"
+        "checked to be one complete extraction before the first step. Data-parallel:\n"
+        "torchrun --nproc_per_node=N -m specshim.cli train ...",
+        "  specshim train --data hs/ --verifier meta-llama/Llama-3.1-8B-Instruct \\\n"
+        "      --out draft/ --epochs 3 --dtype bfloat16",
+    )
     command.add_argument("--data", required=True, type=Path, help="an extraction folder")
     command.add_argument("--verifier", required=True, help="the verifier model the data came from")
     command.add_argument(
@@ -363,7 +397,15 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 
 def _add_snapshot(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = commands.add_parser("snapshot", help="record the vLLM facts the adapters rely on")
+    command = _command(
+        commands,
+        "snapshot",
+        "record the vLLM facts the adapters rely on",
+        "Record every fact of the installed vLLM that specshim's patches read (signatures,\n"
+        "attributes, fields, source markers) as a JSON file that `specshim triage` can\n"
+        "compare a later vLLM with.",
+        "  specshim snapshot --out vllm-trusted.json",
+    )
     command.add_argument(
         "--out",
         type=Path,
@@ -434,7 +476,15 @@ def _triage(args: argparse.Namespace) -> int:
 
 
 def _add_triage(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = commands.add_parser("triage", help="diff this vLLM against the nearest snapshot")
+    command = _command(
+        commands,
+        "triage",
+        "diff this vLLM against the nearest snapshot",
+        "Snapshot the installed vLLM, compare it with the nearest recorded snapshot, and\n"
+        "print which facts moved, which no patch covers, and what each patch decides here.\n"
+        "Exit status 1: a human should look.",
+        "  specshim triage\n  specshim triage --against vllm-trusted.json",
+    )
     command.add_argument(
         "--against",
         type=Path,
@@ -482,7 +532,17 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = _command(commands, "eval", "acceptance of a draft in vLLM's EAGLE-3 decoding")
+    command = _command(
+        commands,
+        "eval",
+        "acceptance of a draft in vLLM's EAGLE-3 decoding",
+        "Serve the draft with its verifier in vLLM's EAGLE-3 speculative decoding, check that\n"
+        "greedy output is unchanged, and print the acceptance rate at each draft position\n"
+        "and the mean acceptance length (docs/eval.md). A training folder is exported to\n"
+        "the form vLLM loads first. Exit status 1: the output changed.",
+        "  specshim eval --verifier meta-llama/Llama-3.1-8B-Instruct --draft draft/ \\\n"
+        "      --data hs/ --prompts prompts.txt",
+    )
     command.add_argument("--verifier", required=True, help="the verifier model folder (or hub id)")
     command.add_argument("--draft", type=Path, required=True, help="training or exported folder")
     command.add_argument(
@@ -522,7 +582,14 @@ def _run(args: argparse.Namespace) -> int:
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from specshim.runner.native import BACKENDS
 
-    command = _command(commands, "run", "the whole pipeline on a built-in tiny verifier")
+    command = _command(
+        commands,
+        "run",
+        "the whole pipeline on a built-in tiny verifier",
+        "Train a tiny verifier, extract its hidden states, train an EAGLE-3 draft and\n"
+        "evaluate it: every step of the real pipeline in a few minutes, on the CPU or a GPU.",
+        "  specshim run --workdir runs/demo",
+    )
     command.add_argument(
         "--workdir",
         type=Path,
@@ -556,12 +623,27 @@ COMMANDS = (
 )
 
 
+ROOT_EXAMPLE = """\
+example:
+  specshim report                                    # is this vLLM + speculators tested?
+  specshim extract --model M --data chats.jsonl --out hs/
+  specshim vocab --data hs/ --draft-vocab-size 32000 --model M
+  specshim train --data hs/ --verifier M --out draft/
+  specshim eval --verifier M --draft draft/ --data hs/
+"""
+
+
 def parser() -> argparse.ArgumentParser:
     import specshim
 
-    root = argparse.ArgumentParser(prog="specshim", description=__doc__)
+    root = argparse.ArgumentParser(
+        prog="specshim",
+        description=__doc__,
+        epilog=ROOT_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     root.add_argument("--version", action="version", version=f"specshim {specshim.__version__}")
-    commands = root.add_subparsers(dest="command", required=True)
+    commands = root.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     for add in COMMANDS:
         add(commands)
     return root
@@ -617,6 +699,9 @@ def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command is None:  # `specshim` alone: what there is to run
+        parser().print_help()
+        return 0
     if args.command == "vocab" and args.target_vocab_size is None and args.model is None:
         parser().error("vocab needs --target-vocab-size or --model")
     with _sigterm_as_ctrl_c() as terminated:
