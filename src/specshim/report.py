@@ -113,6 +113,7 @@ def choose_backend(engine_unfit: str | None = None) -> BackendChoice:
         native_path(vllm, accelerator).available,
         _verdict(installed, accelerator, "engine"),
         engine_unfit,
+        accelerator.kind != "cpu",
     )
 
 
@@ -128,10 +129,13 @@ def backend_for(
     native: bool,
     engine_verdict: matrix.Verdict,
     engine_unfit: str | None = None,
+    on_gpu: bool = False,
 ) -> BackendChoice:
     """:func:`choose_backend`'s rule, given the matrix's ``verdict`` for speculators' generator
     on this installation, whether ``vllm`` has the native path, the matrix's verdict for the
-    engine backend, and why this run cannot take the engine backend (None: it can)."""
+    engine backend, why this run cannot take the engine backend (None: it can), and whether it
+    runs on a GPU, where the engine backend is the fastest measured: a choice without it says
+    that it is untested here and how to try it."""
     if _extracting(engine_verdict):
         if engine_unfit is None:
             return BackendChoice(
@@ -139,6 +143,11 @@ def backend_for(
                 f"the matrix shows the engine backend extracting here: {engine_verdict.detail}",
             )
         passed_over = f" (the engine backend, shown here, not taken: {engine_unfit})"
+    elif on_gpu and engine_unfit is None:
+        passed_over = (
+            " (the engine backend, the fastest measured on GPUs, is untested on this "
+            "combination: `--backend engine` runs it)"
+        )
     else:
         passed_over = ""
     choice = _without_engine(verdict, vllm, native)
