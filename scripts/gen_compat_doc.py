@@ -33,7 +33,8 @@ def render(rows: list[matrix.Row]) -> str:
         "  (`specshim extract --backend engine`, vLLM's worker writing the files); where its rows",
         "  show it extracting on the machine's accelerator, `--backend auto` runs it.",
         "- *accelerator*: where the row was measured. `specshim report` quotes a row as the",
-        "  verdict only on that accelerator; elsewhere it names the row as measured there.",
+        "  verdict on that accelerator and on GPUs of the same compute capability (an H100 row",
+        "  on an H200: vLLM runs the same kernels); elsewhere it names the row as measured there.",
         "",
         "| vLLM | speculators | accelerator | transformers | torch | verdict | level | measured "
         "| adapters |",
