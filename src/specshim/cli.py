@@ -202,13 +202,13 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         choices=handoffs.CHOICES,
         default="auto",
         help="how the states leave vLLM's worker (auto: worker on one CUDA device, else rpc; "
-        "docs/extract.md)",
+        "docs/commands.md)",
     )
     command.add_argument(
         "--backend",
         choices=BACKENDS,
         default="auto",
-        help="which code extracts (auto: the one the matrix shows working here; docs/extract.md)",
+        help="which code extracts (auto: the one the matrix shows working here; docs/commands.md)",
     )
     command.add_argument(
         "--max-num-seqs",

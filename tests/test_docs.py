@@ -1,0 +1,70 @@
+"""The user documentation (README.md, CHANGELOG.md, docs/ except the run logs in docs/results/)
+speaks to users: no work sessions, lent machines or issue numbers they cannot open, and every
+relative link leads to a file of the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: what belongs to how the project was worked on, not to its users
+INTERNAL = re.compile(
+    r"\bsessions?\b|\blent\b|\bsitting\b|\.\./shared|\bbundles?\b|\bissues?\s*#?\d+|(?<![\w/&])#\d+\b",
+    re.IGNORECASE,
+)
+
+#: a markdown link's target: [text](target)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def user_documents() -> list[Path]:
+    docs = [p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.relative_to(ROOT).parts]
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(docs)]
+
+
+def names(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
+@pytest.mark.parametrize("path", user_documents(), ids=names(user_documents()))
+def test_no_sessions_lent_machines_or_issue_numbers(path: Path) -> None:
+    found = [
+        f"line {number}: {match.group(0)!r}"
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        for match in INTERNAL.finditer(line)
+    ]
+    assert found == [], found
+
+
+@pytest.mark.parametrize("path", user_documents(), ids=names(user_documents()))
+def test_relative_links_lead_to_files(path: Path) -> None:
+    broken = []
+    for target in LINK.findall(path.read_text()):
+        if "://" in target or target.startswith(("#", "mailto:")):
+            continue
+        if not (path.parent / target.split("#")[0]).exists():
+            broken.append(target)
+    assert broken == [], broken
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the session's device time",
+        "on the lent H200",
+        "not yet measured on a GPU (issue 14)",
+        "see #12",
+        "the bundle of ../shared/gpu/",
+    ],
+)
+def test_the_pattern_catches_what_it_is_for(text: str) -> None:
+    assert INTERNAL.search(text)
+
+
+@pytest.mark.parametrize("text", ["sm_90", "a known issue", "Apache-2.0", "[compat](#tested)"])
+def test_the_pattern_leaves_ordinary_text(text: str) -> None:
+    assert not INTERNAL.search(text)
