@@ -93,8 +93,8 @@ class BackendChoice:
 
 def choose_backend(engine_unfit: str | None = None) -> BackendChoice:
     """The engine backend where the matrix shows it extracting with this vLLM, speculators and
-    accelerator (on a GPU it is 1.8 times the generator's fastest hand-off: docs/benchmarks.md
-    run 11), unless ``engine_unfit`` says why this run cannot take it (the caller's options);
+    accelerator (on a GPU it is the fastest: docs/benchmarks.md), unless ``engine_unfit`` says why
+    this run cannot take it (the caller's options);
     else speculators' generator where the matrix shows specshim making it extract;
     vLLM's own ``extract_hidden_states`` path where it is installed and the generator is not
     shown to; otherwise the generator, unshown, said so.

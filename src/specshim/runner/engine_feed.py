@@ -28,10 +28,9 @@ def announcing(expected: Expected) -> Any:
 
     The ids and the mask travel as bytes: vLLM checks every integer of ``extra_args``,
     deep-copies each request's ``SamplingParams`` and serializes it twice on its way to the
-    worker, a Python step per integer. On this repository's CPU a 512-token prompt's mask as
-    a list cost 1.2 ms there (0.7 ms of it on the caller's thread, which also steps the
-    engine), with the ids 2.1 ms; as bytes 0.22 ms (``benchmarks/announcement.py``). An H100
-    prefills such a prompt in 1.5 ms (docs/benchmarks.md, run 12)."""
+    worker, a Python step per integer: as lists, a long prompt's ids and mask cost about as
+    much time on the caller's thread (which also steps the engine) as a GPU takes to prefill
+    the prompt; as bytes, a tenth of it (``benchmarks/announcement.py``)."""
     from vllm import SamplingParams
 
     said = {
@@ -57,10 +56,9 @@ def announcement(sampling_params: Any) -> Expected | None:
 #: that the scheduler has a full next step while the caller records files and sends more. They
 #: count until their outputs come back, so the step running and, under async scheduling (vLLM's
 #: default on CUDA), the one scheduled behind it are among them: at 2 the engine may have had
-#: nothing more to schedule while the caller asked for finished files and sent the next batch
-#: (in run 13 it ran up to 0.1 s behind prefill's pace while batches were sent). On an H100,
-#: 0.909 of vLLM's prefill with 4 against 0.869 with 2 in one call (docs/benchmarks.md, run 14:
-#: the caller's asks for finished files waited less; one pair, machines vary more). Read when a
+#: nothing more to schedule while the caller asked for finished files and sent the next batch,
+#: and on a GPU 4 ran closer to vLLM's prefill than 2 (the caller's asks for finished files
+#: waited less; docs/benchmarks.md). Read when a
 #: feed is made (:func:`ahead_tokens`; the benchmark's ``extract_engine@ahead_steps=N``).
 AHEAD_STEPS = 4
 
@@ -76,7 +74,7 @@ class EngineFeed:
 
     ``LLM.generate`` runs its prompts and returns once the engine is idle: between two calls
     the GPU waits while the caller records files and sends the next batch, and a batch smaller
-    than a step (``extract``'s default is 8 prompts, a step on an H200 16,384 tokens) runs in
+    than a step (``extract``'s default is 8 prompts, a step on a large GPU 16,384 tokens) runs in
     steps that are mostly empty. Here each batch's requests are added to vLLM's ``LLMEngine``
     directly and the engine is stepped only until no more than :data:`AHEAD_STEPS` steps of
     tokens wait, so the next step is always full and the caller's work overlaps the engine's.

@@ -1,10 +1,10 @@
 """``specshim extract --backend engine``: speculators' capture inside vLLM's own engine loop.
 
-On the H200 the generator backend's fastest hand-off (``worker``) reaches 0.30 of vLLM's
-prefill, and what holds it there is the generator's loop itself: speculators' generator steps
-the engine one call at a time (schedule, execute, fetch, each waiting for the last), and its
-``execute_model`` alone took 1.16 s where ``LLM.generate`` ran the same forward passes and
-everything around them in 0.75 s (docs/benchmarks.md, run 7). Here vLLM's own engine runs the
+On a GPU the generator backend, even with its fastest hand-off (``worker``), stays well below
+vLLM's prefill, and what holds it there is the generator's loop itself: speculators' generator
+steps the engine one call at a time (schedule, execute, fetch, each waiting for the last), so
+its forward passes alone take longer than ``LLM.generate`` takes for the same passes and
+everything around them (docs/benchmarks.md). Here vLLM's own engine runs the
 prompts (``LLM``'s ``LLMEngine``, fed by :class:`EngineFeed` so that it never runs dry between
 the caller's batches), so the engine schedules and overlaps its steps as it does for any user,
 and vLLM's worker does what the ``worker`` hand-off does:

@@ -167,7 +167,7 @@ class EngineSettings:
     32 prompts and max(8192, max_model_len) tokens (two constants of its module), vLLM's
     ``LLM`` its defaults for the device (16,384 tokens on an H100/H200); every backend takes
     0.8 of the memory, as speculators' generator does. Fewer, larger steps cost less per token
-    where each step has a fixed cost (docs/benchmarks.md section 6, run 7); more memory goes
+    where each step has a fixed cost; more memory goes
     to activations, which vLLM's start-up profiling accounts for. vLLM refuses to start where
     less than ``gpu_memory_utilization`` of the device is free: on a GPU other processes use,
     a lower fraction is the way to start."""
@@ -732,7 +732,7 @@ class _CallerWrites:
         for sample, result in zip(batch, results, strict=True):
             check = functools.partial(
                 _checked, result, sample, self.limit, self.generator.layer_ids
-            )  # on a writer thread: 1.2 of 4.7 s of this loop on the H200
+            )  # on a writer thread: the checks were a large part of this loop on a GPU
             self.writer.submit(self.out / sample_file(sample), check, self.prints[sample.index])
 
 
@@ -740,9 +740,8 @@ class _CallerWrites:
 #: the generator's ``worker`` hand-off and the engine backend each asking is an RPC to vLLM's
 #: worker (the engine backend's reaches it between two engine steps; the native backend's is
 #: a look at the connector's lock files). Asked after every batch of ``extract``'s default 8
-#: prompts, the engine backend ran at 0.56 to 0.66 of prefill on an H100 against 0.59 to 0.72
-#: with batches of 128 (docs/benchmarks.md runs 11, 12; the askings the one per-batch cost
-#: that differs, not yet measured apart). A file not yet recorded when the run dies is written
+#: prompts, the engine backend ran measurably slower on a GPU than with batches of 128. A
+#: file not yet recorded when the run dies is written
 #: again on resume; a sample the worker refused stops the run at the next asking, at most
 #: this many prompts and a batch later.
 RECORD_EVERY = 128
@@ -961,9 +960,9 @@ def _generator(
     log above it has the details.
 
     vLLM's executor leaves this process's torch on one thread. Setting it back to the cores'
-    count was measured on the H200 and made extraction slower, not faster (the guards 4.8 s
-    instead of 1.2 s, the shared-memory copies 17.5 s instead of 3.9 s: sixteen OpenMP
-    threads beside vLLM's worker and the four writer threads), so it stays.
+    count made extraction slower on a GPU, not faster (the checks and the shared-memory copies
+    several times slower: OpenMP threads beside vLLM's worker and the writer threads), so it
+    stays.
     """
 
     def start() -> Any:

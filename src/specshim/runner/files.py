@@ -272,8 +272,8 @@ class BackgroundWriter:
     """``save_torch`` on background threads, so that writing (fsync included, two thirds of a
     write's time) overlaps the next batch's extraction.
 
-    Several threads, since one file's fsync leaves the disk waiting: on the H200's disk one
-    thread wrote 0.62 GB/s, four 1.2 GB/s (docs/benchmarks.md, "Extraction on a GPU"). Files
+    Several threads, since one file's fsync leaves the disk waiting: four threads wrote about
+    twice as fast as one on a GPU machine's disk. Files
     are written in any order; each is whole or absent. At most ``depth`` records wait to be
     written, which bounds memory. The first failure is raised by the next ``submit`` or by
     ``close`` (a failed write as :class:`WriteError`, what a ``make`` function raised as it

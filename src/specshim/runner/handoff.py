@@ -2,9 +2,9 @@
 
 speculators' generator fetches each batch's states with
 ``collective_rpc("_get_captured_states")``: the worker's tensors are copied to the host,
-pickled through vLLM's message queue and unpickled in the caller. Measured on an H200 (1.1 B
-Llama, CUDA vLLM 0.26.0), that RPC took 9.1 of 10.5 s, holding extraction to 0.045 of vLLM's
-prefill. :func:`use` switches one generator's worker to another reply, of the same shape:
+pickled through vLLM's message queue and unpickled in the caller. On a GPU that RPC takes
+most of an extraction's time, holding it to a small fraction of vLLM's prefill. :func:`use` switches
+one generator's worker to another reply, of the same shape:
 
 ``ipc``
     CUDA IPC handles (``torch.multiprocessing``'s own reduction): the caller maps the worker's
@@ -16,15 +16,13 @@ prefill. :func:`use` switches one generator's worker to another reply, of the sa
     the caller maps the same file once and the generator's copies are host memory copies.
     Nothing stays on the GPU, and it works on the CPU and without CUDA IPC.
 
-Measured on the H200 (16 x 2048 Llama, 512 x 512 tokens, ``specshim extract`` in one run,
-docs/benchmarks.md section 6): ``ipc`` 56,152 tokens/s, ``shm`` 50,641, the RPC (an earlier
-run) 8,170; with extract's guards moved to the writer's threads ``ipc`` 70,607 (run 5, at the
-disk's speed there); what is left is the generator's own per-sample copies in the caller,
-which the ``worker`` hand-off (:mod:`specshim.runner.worker_writer`) avoids for extract.
+On a GPU both are several times faster than the RPC (docs/benchmarks.md); what is left is the
+generator's own per-sample copies in the caller, which the ``worker`` hand-off
+(:mod:`specshim.runner.worker_writer`) avoids for extract.
 On vLLM's CPU worker (128-wide model) the RPC is a few percent of the time, and ``shm`` saves
 part of it.
 Either way the tensors are the worker's own, so the data is bit for bit what the RPC path
-delivers (tests/e2e/test_extraction.py on vLLM's CPU worker, tests/gpu on the H200).
+delivers (tests/e2e/test_extraction.py on vLLM's CPU worker, tests/gpu on a GPU).
 
 Contract: the worker keeps what it shared until its next ``_get_captured_states``; the
 generator has cloned every sample by then (both speculators releases do). Scoped to one
@@ -50,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 #: ``specshim extract --handoff``: these, and ``worker`` (:mod:`specshim.runner.worker_writer`:
 #: the states stay in the worker, which writes the files); ``auto`` picks ``worker`` on one
-#: CUDA device (the fastest there: docs/benchmarks.md section 6, run 6) and ``rpc``
+#: CUDA device (the fastest there: docs/benchmarks.md) and ``rpc``
 #: (speculators' own way) elsewhere.
 CHOICES = ("auto", "rpc", "ipc", "shm", "worker")
 #: The hand-offs :func:`use` offers a caller of the generator (``worker`` writes extract's files).

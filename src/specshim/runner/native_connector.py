@@ -4,7 +4,7 @@ vLLM's ``ExampleHiddenStatesConnector`` copies each finished request's states fr
 to the host and its writer threads save them as a safetensors file (``hidden_states``
 ``[tokens, layers, hidden]``, ``token_ids``). ``specshim extract --backend native`` then had to
 read every file back in the caller and write it again as speculators' ``data_{i}.pt``: on
-the H200 that ran at 0.31 of vLLM's own native path (docs/benchmarks.md, run 7).
+a GPU a fraction of vLLM's own native path's speed.
 
 This subclass, loaded by vLLM through ``kv_connector_module_path`` (so only in vLLM's
 processes), changes one step: for a request the caller announced in its sampling

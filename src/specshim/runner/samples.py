@@ -38,8 +38,8 @@ def state_problem(state: Any, tokens: int, extremes: Any = None) -> str | None:
     """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
 
     One pass of ``aminmax`` (it propagates NaN; Inf is an end): ``isfinite(...).all()`` plus
-    ``any()`` cost 11 of 15 s of an extraction on the H200 (docs/benchmarks.md), this about
-    a tenth of that on the CPU. ``extremes``: the states' ``(min, max)`` where they are known
+    ``any()`` took most of an extraction's time on a GPU, this about a tenth of theirs.
+    ``extremes``: the states' ``(min, max)`` where they are known
     already (the worker computes them on the GPU, beside the copies to the host)."""
     import torch
 

@@ -2,8 +2,8 @@
 
 With the other hand-offs (:mod:`specshim.runner.handoff`) every state still reaches the caller,
 where speculators' generator slices it per request and copies it to the host one sample and
-layer at a time (``.clone().cpu()``, pageable): on the H200 that loop was what held
-``specshim extract`` below vLLM's prefill (docs/benchmarks.md section 6). Here the states stay
+layer at a time (``.clone().cpu()``, pageable): on a GPU that loop was what held
+``specshim extract`` below vLLM's prefill. Here the states stay
 in the worker. Before each ``generate`` the caller tells the worker what the batch is
 (:meth:`WorkerFiles.expect`: each sample's file, token ids and loss mask); when the generator
 fetches the captured states, the worker takes the announced samples the reply holds, splits
@@ -18,11 +18,10 @@ The generator receives states of the same shapes with no columns (``[tokens, 0]`
 loop costs nothing; the caller checks their token counts and records each file in the ledger
 once the worker says it is in place (:meth:`WorkerFiles.finished`). The files hold the tensors
 the generator would have returned, bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu
-on the H200). :attr:`WorkerFiles.seconds` says where the time goes. Measured on the H200 with
-the disk out of the way, writing on threads in the worker: 1.5 times the ``ipc`` hand-off's
-speed, 0.30 of vLLM's prefill (run 7), and under the engine backend's loop 0.32, its threads'
-``torch.save`` taking 5.6 s of CPU in a 2.6 s run beside the loop (run 8): hence the processes
-(docs/benchmarks.md section 6).
+on a GPU). :attr:`WorkerFiles.seconds` says where the time goes. Written on threads in the
+worker, the files were faster than the ``ipc`` hand-off's, but under the engine backend's loop
+the threads' ``torch.save`` took more CPU than the run had time beside the loop: hence the
+processes (docs/benchmarks.md).
 
 How the worker splits a reply is each speculators release's own: 0.3.0 replies one tensor per
 layer, the call's requests concatenated in input order (the generator slices them by prompt
@@ -164,9 +163,9 @@ class WorkerFiles:
 
     def start(self, cuda: bool) -> None:
         """Start the writer processes and hold the ring (page-locked where ``cuda``), if not
-        done yet. The worker does it when installed, in the engine's start: on an H100 the
-        processes' start (importing torch) kept the first samples waiting about 4 s and
-        page-locking the ring took 0.6 s, costs of starting, not of each sample (run 10)."""
+        done yet. The worker does it when installed, in the engine's start: the processes'
+        start (importing torch) and page-locking the ring take seconds, costs of starting
+        that would otherwise keep the first samples waiting."""
         if self._ring.size:
             return
         with self._clock("start"):
@@ -271,8 +270,8 @@ class WorkerFiles:
         """Make the ring ``nbytes`` long, or where ``/dev/shm`` has less room (64 MB in a
         default Docker container) the largest half of it that fits, down to ``least``: fewer
         samples then wait for the writers at once, which is slower but runs. Without room for
-        ``least``, one line says so. (The first ring on an H100 was sized from the first
-        reply, one sample's 34 MB, and the worker waited 6.5 s of 7.8 for room, run 9.)"""
+        ``least``, one line says so. (A ring sized from one sample keeps the worker waiting
+        for room most of the run.)"""
         while True:
             try:
                 self._ring.hold(nbytes, cuda)
@@ -300,7 +299,7 @@ class WorkerFiles:
     def _copy(self, expected: Expected, layers: list[Any], start: int, cuda: bool) -> _Copying:
         """Copy one sample's layers into the ring at ``start``: on a CUDA device on the side
         stream, each layer's ``(min, max)`` computed there and copied after them (the checks
-        on the host were the largest CPU cost after the writes, docs/benchmarks.md run 7)."""
+        on the host were the largest CPU cost after the writes)."""
         import torch
 
         memory, places, views = self._ring.memory, [], []

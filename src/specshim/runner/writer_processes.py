@@ -1,8 +1,8 @@
 """Writer processes: sample files written from shared host memory, outside the worker's GIL.
 
-On the H200 the worker writer's threads spent 5.6 s of CPU in ``torch.save`` during a 2.6 s
-extraction, in vLLM's worker process, whose engine loop needs the same GIL for every step it
-launches (docs/benchmarks.md run 8). Here each file is written by a process of its own: the
+Written on threads, ``torch.save`` took more CPU than an extraction's whole time on a GPU, in
+vLLM's worker process, whose engine loop needs the same GIL for every step it launches. Here each
+file is written by a process of its own: the
 worker copies a sample's states into a :class:`specshim.runner.host_ring.HostRing` and sends
 a :class:`WriteJob` (where the states lie in it, the token ids, the file); the process maps
 the same memory, checks the sample (:func:`specshim.runner.samples.sample_problem`), writes
@@ -43,14 +43,13 @@ from pathlib import Path
 from specshim.runner import dataset, files
 from specshim.runner.samples import Expected, sample_problem
 
-#: Processes a worker starts: half the machine's cores, from one to eight (on the H200's 16
-#: cores, eight: docs/benchmarks.md run 9).
+#: Processes a worker starts: half the machine's cores, from one to eight.
 WRITER_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
 #: Jobs one process holds at once; the rest wait in the worker for the least busy process.
 #: The worker hands jobs out only when the engine calls it (once a step, on its own thread),
 #: so between two steps the processes can write no more than they hold: at 2 a process, 8
-#: processes took 16 of an H100 step's 32 samples and the rest waited, the files 0.23 s behind
-#: the engine at the end (docs/benchmarks.md run 12). 16 take a step of 32 samples with room
+#: processes took half of a GPU step's 32 samples and the rest waited, the files ending behind
+#: the engine. 16 take a step of 32 samples with room
 #: to spare (with many short prompts a step can hold more: those wait a step); the ring still
 #: bounds the bytes waiting. A job's token ids travel through the socket (about 6 bytes a
 #: token): 16 jobs of long prompts can fill its buffer, and then the worker waits for the
@@ -113,8 +112,8 @@ class WriterProcesses:
 
     def start(self) -> None:
         """Start the processes and return once each can take jobs. Each imports torch: seconds
-        (on an H100, the first samples waited about 4 s for 4 to 12 processes starting at
-        once, run 10), so the worker starts them when it is installed, in the engine's start,
+        (processes starting at once kept the first samples waiting), so the worker starts them when
+        it is installed, in the engine's start,
         not at its first sample. A process that exits first, or takes longer than
         :data:`START_SECONDS`, is an error naming it."""
         if self._processes:
