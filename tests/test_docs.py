@@ -1,6 +1,7 @@
 """The user documentation (README.md, CHANGELOG.md, docs/ except the run logs in docs/results/)
 speaks to users: no work sessions, lent machines or issue numbers they cannot open, and every
-relative link leads to a file of the repository."""
+relative link leads to a file of the repository. The code's docstrings and comments keep the
+why of a choice, not the benchmark run it came from (figures live in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,27 @@ def test_relative_links_lead_to_files(path: Path) -> None:
         if not (path.parent / target.split("#")[0]).exists():
             broken.append(target)
     assert broken == [], broken
+
+
+#: a benchmark run or a work session quoted in the code
+HISTORY = re.compile(r"\bruns? \d+\b|benchmarks\.md,? (run|section)|\bsessions?\b|\blent\b")
+
+
+def test_the_code_quotes_no_benchmark_run_or_session() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)!r}"
+        for path in sorted((ROOT / "src").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        for match in HISTORY.finditer(line)
+    ]
+    assert found == [], found
+
+
+@pytest.mark.parametrize(
+    "text", ["docs/benchmarks.md run 12", "(run 7)", "section 6, runs 11", "on the lent H200"]
+)
+def test_the_history_pattern_catches_what_it_is_for(text: str) -> None:
+    assert HISTORY.search(text)
 
 
 @pytest.mark.parametrize(
