@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# benchmarks/gpu_extraction.py on a machine with CUDA vLLM, as on the lent GPUs, after
-# ../shared/gpu/device_install.sh put vLLM and speculators under /root/g (docs/gpu.md). As in
-# scripts/gpu_test.sh, this checkout's src/ goes first on PYTHONPATH, so the bundle need not be
-# rebuilt after a change. Each path's line and the table come out without vLLM's log lines;
+# benchmarks/gpu_extraction.py on a machine with CUDA vLLM, speculators $SPEC put on PYTHONPATH
+# by $SPECSHIM_GPU_ROOT/env.sh (default /root/g), as for scripts/gpu_release.sh (docs/gpu.md).
+# This checkout's src/ goes first on PYTHONPATH, so a change needs no reinstall. Each path's line and the table come out without vLLM's log lines;
 # the figures go to docs/benchmarks/gpu_extraction.json, and a copy to $OUT where it is set
 # (the device tool's folder that comes back).
 #

@@ -7,8 +7,9 @@
 #   scripts/gpu_release.sh 0.34.0                    # vLLM installed under /root/g-0.34.0
 #   SPECS="040" BUDGET=300 BACKEND=engine scripts/gpu_release.sh 0.34.0
 #
-# The release's packages are where device_install.sh put them (G=/root/g-VERSION; docs/gpu.md);
-# this checkout's src/ goes first on PYTHONPATH, so a change needs no new bundle.
+# The release's packages are under SPECSHIM_GPU_ROOT (default /root/g-VERSION), with an env.sh
+# that puts speculators $SPEC on PYTHONPATH (docs/gpu.md); this checkout's src/ goes first on
+# PYTHONPATH, so a change needs no reinstall.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VERSION=${1:?usage: scripts/gpu_release.sh VLLM_VERSION}

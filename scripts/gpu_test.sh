@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU suite (tests/gpu, marker `gpu`) on a machine with CUDA vLLM, as on the lent H200:
-# after ../shared/gpu/device_install.sh put vLLM under /root/g/site and speculators 0.3.0 /
-# 0.4.0.1 under /root/g/spec030 and spec040 (docs/gpu.md). This checkout's src/ goes first on
-# PYTHONPATH, so the bundle need not be rebuilt after a change.
+# The GPU suite (tests/gpu, marker `gpu`) on a machine with CUDA vLLM, speculators 0.3.0 and
+# 0.4.0.1 installed under $SPECSHIM_GPU_ROOT/spec030 and spec040 (and vLLM, where it is not
+# installed in python3's environment, unpacked under $SPECSHIM_GPU_ROOT/site; docs/gpu.md).
+# This checkout's src/ goes first on PYTHONPATH, so a change needs no reinstall.
 #
 #   scripts/gpu_test.sh [pytest args]        # SPECSHIM_GPU_ROOT=/root/g by default
 #   scripts/gpu_test.sh --vllm 0.34.0 [...]  # the release installed under /root/g-0.34.0
@@ -15,7 +15,7 @@
 # most of a test's minute, so three streams take about a third of the time. Leave the native
 # and engine backends' tests out of it (`-k "native or engine_backend"` with STREAMS=1): vLLM's
 # LLM asks for 0.8 of the device's memory, and refuses to start where other processes hold more
-# than 0.2 of it (seen on an 80 GB H100 with STREAMS=4, docs/benchmarks.md run 10).
+# than 0.2 of it (seen on an 80 GB H100 with STREAMS=4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${SPECSHIM_GPU_ROOT:-/root/g}
@@ -28,7 +28,7 @@ ln -sfn "$G/spec030" .spec/0.3.0
 ln -sfn "$G/spec040" .spec/0.4.0.1
 export PYTHONPATH="$PWD/src:$G/site"
 export HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 TOKENIZERS_PARALLELISM=false
-export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not in the bundle
+export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is an optional install: not needed
 export SPECSHIM_E2E_OUT="${SPECSHIM_E2E_OUT:-/tmp/specshim-gpu-e2e}"
 PYTEST=(python3 -m pytest -q -rfEsp -p no:cacheprovider -m gpu)  # -r: a line per test
 TARGETS=(tests/gpu)  # the whole suite, unless a path under tests/ is given
