@@ -152,8 +152,9 @@ def _needs(function: object, targets: set[Callable[..., object]], seen: set[int]
         return False
     scope = function.__globals__
     for code in _codes(function.__code__):
-        found = [*_imported(code), *(scope.get(name) for name in code.co_names)]
-        if targets is ENVIRONMENT_FUNCTIONS and _imports_an_environment(code, found):
+        imported = list(_imported(code))
+        found = [*imported, *(scope.get(name) for name in code.co_names)]
+        if targets is ENVIRONMENT_FUNCTIONS and _imports_an_environment(code, imported, found):
             return True
         if any(_needs(f, targets, seen) for f in found) or any(
             _needs(getattr(module, name, None), targets, seen)
@@ -165,13 +166,16 @@ def _needs(function: object, targets: set[Callable[..., object]], seen: set[int]
     return False
 
 
-def _imports_an_environment(code: types.CodeType, found: list[object]) -> bool:
-    """Whether ``code`` imports vLLM or speculators, or uses what its module imported of them
-    (``found``: the names it uses), or skips without them (``pytest.importorskip("vllm")``)."""
+def _imports_an_environment(
+    code: types.CodeType, imported: list[object], found: list[object]
+) -> bool:
+    """Whether ``code`` imports vLLM or speculators (``imported``: what :func:`_imported` gave),
+    uses what its module imported of them (``found``: the names it uses), or skips without
+    them (``pytest.importorskip("vllm")``)."""
     if "importorskip" in code.co_names and set(code.co_consts) & set(ENVIRONMENT_PACKAGES):
         return True
     named = (getattr(f, key, None) for f in found for key in ("__name__", "__module__"))
-    return any(f is _IMPORTS_AN_ENVIRONMENT for f in found) or any(
+    return any(f is _IMPORTS_AN_ENVIRONMENT for f in imported) or any(
         _environment_package(name) for name in named if isinstance(name, str)
     )
 
