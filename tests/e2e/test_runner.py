@@ -58,7 +58,13 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
     cmd, env = specshim_command(*extract_args(model, dataset, out))
     first = subprocess.Popen(cmd, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    wait_for_samples(first, out, "killed")
+    # A second run while the first holds the folder, before its vLLM starts: on a quiet
+    # machine the first could write every sample during the second's start.
+    holder = out / ".specshim.lock"
+    deadline = time.monotonic() + 120
+    while not (holder.exists() and "pid" in holder.read_text()):
+        assert first.poll() is None and time.monotonic() < deadline, "the folder was never held"
+        time.sleep(0.05)
     other = data.write(tmp_path / "other.jsonl", count=4)  # other data, the same folder
     busy_cmd, _ = specshim_command(*extract_args(model, other, out))
     busy = subprocess.run(busy_cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -68,6 +74,7 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
         rf"{first.pid}, since [-\d]+ [:\d]+ \w+\): wait for it to end, or pick another folder\n",
         busy.stderr,
     ), busy.stderr[-3000:]
+    wait_for_samples(first, out, "killed")
     os.killpg(first.pid, signal.SIGKILL)  # the whole group: vLLM's workers too
     first.wait()
     assert (out / ".specshim.lock").exists()  # the file stays, but not its lock: resumed below
