@@ -86,6 +86,19 @@ def test_a_killed_holder_leaves_no_lock_and_an_ended_one_no_file(holder) -> None
     assert list(out.iterdir()) == []
 
 
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path: Path) -> None:
+    """A link planted where the lock goes (a shared folder) must not make specshim write into
+    the file it points to, which may be anyone's."""
+    out, precious = tmp_path / "out", tmp_path / "precious.txt"
+    out.mkdir()
+    precious.write_text("mine\n")
+    (out / out_lock.LOCK_FILE).symlink_to(precious)
+    refused = pytest.raises(ValueError, match=r"\.specshim\.lock there is a symbolic link, not ")
+    with refused, out_lock.held(out, "vocab"):
+        pass
+    assert precious.read_text() == "mine\n"
+
+
 def test_a_folder_made_for_the_lock_goes_again_when_left_empty(tmp_path: Path) -> None:
     """A command refused before it writes leaves no folder behind; one that wrote keeps it."""
     with out_lock.held(tmp_path / "new", "extract"):

@@ -13,6 +13,7 @@ the folder's files to keep, refuse or remove).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import time
@@ -31,7 +32,7 @@ def _open_locked(path: Path, folder: str) -> int:
     ends: a lock taken on a file no longer at ``path`` is let go and taken again on the
     new one, so that two processes never both hold ``path``."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # not a link's file
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -62,6 +63,11 @@ def held(out: Path, command: str, option: str = "--out") -> Iterator[None]:
         out.mkdir(parents=True, exist_ok=True)
         fd = _open_locked(out / LOCK_FILE, folder)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # someone's link: writing the lock would write its target
+            raise ValueError(
+                f"{folder}: {LOCK_FILE} there is a symbolic link, not specshim's lock file: "
+                "remove it and run again"
+            ) from exc
         raise ValueError(f"{folder}: cannot write there ({exc.strerror})") from exc
     since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     with contextlib.suppress(OSError):  # the message only; a full disk still locks
