@@ -38,8 +38,9 @@ for spec in $SPECULATORS_READERS; do
 done
 
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, specshim" 2>/dev/null; then
+  # an environment built before the test extra had these tools
   if [ ! -x "$VENV/bin/lint-imports" ] || [ ! -x "$VENV/bin/mypy" ] ||
-    ! "$VENV/bin/python" -c "import xdist" 2>/dev/null; then  # built before the test extra had them
+    [ ! -x "$VENV/bin/mkdocs" ] || ! "$VENV/bin/python" -c "import xdist" 2>/dev/null; then
     "$VENV/bin/pip" install -q -c "$VENV/specshim-constraints.txt" -e ".[test]" 2>&1 | quiet
   fi
   echo "$VENV: ready (vllm $("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)'))"

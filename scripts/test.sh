@@ -42,6 +42,7 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports  # the layers and no import circles: pyproject.toml [tool.importlinter]
 .venv/bin/mypy  # the shipped package's types (py.typed): pyproject.toml [tool.mypy]
+.venv/bin/mkdocs build --strict  # the docs site (mkdocs.yml); -q would hide warnings from --strict
 export SPECSHIM_REQUIRE_E2E=1
 # each file to one process, in the order tests/markers.py gives them
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
