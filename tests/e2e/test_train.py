@@ -201,6 +201,15 @@ def unfinished_rerun(data: Path) -> None:
     files.Ledger(data / LEDGER).record(data / f"data_{count}.pt", "a row's fingerprint")
 
 
+def another_sample(data: Path) -> None:
+    """data_8.pt copied over data_7.pt, with data_7's recorded token count made data_8's (so
+    only what the file holds differs): same shape, same length, another sample's tokens."""
+    (data / "data_7.pt").write_bytes((data / "data_8.pt").read_bytes())
+    lengths = json.loads((data / "sample_lengths.json").read_text())
+    lengths["7"] = lengths["8"]
+    (data / "sample_lengths.json").write_text(json.dumps(lengths))
+
+
 def in_process(capsys, *argv: str) -> tuple[int, list[str]]:
     """``specshim ARGV`` in this process (for refusals that come before speculators is
     imported): exit status and stderr lines."""
@@ -230,6 +239,11 @@ DAMAGES = {
         lambda d: narrower(d / "data_7.pt"),
         "(data_7.pt: 4 layers of hidden size 64 (data_0.pt: 4 of 128))",
     ),
+    "another-sample": (
+        another_sample,
+        "1 sample file is missing or wrong "
+        "(data_7.pt: holds other tokens than extract recorded for it)",
+    ),
     "unfinished-rerun": (
         unfinished_rerun,
         "(data_48.pt: recorded in specshim_extract_done.jsonl but not in sample_lengths.json)",
@@ -252,6 +266,18 @@ def test_train_refuses_an_incomplete_extraction_naming_the_file(
     assert said in err[0], err[0]
     assert f"run `specshim extract` with --out {data} and the same arguments again" in err[0]
     assert not (tmp_path / "draft").exists()
+
+
+def test_train_takes_a_copy_with_new_file_times(extracted, tmp_path) -> None:
+    """A plain copy changes every file's time, not what it holds: the ledger's fingerprints
+    still match, so the copy is one complete extraction."""
+    import shutil
+
+    from specshim.runner import extracted as complete
+
+    data = Path(shutil.copytree(extracted, tmp_path / "hs", copy_function=shutil.copy))
+    assert (data / "data_7.pt").stat().st_mtime_ns != (extracted / "data_7.pt").stat().st_mtime_ns
+    assert complete.check(data) == [data / f"data_{i}.pt" for i in range(48)]
 
 
 def test_train_names_the_first_three_wrong_files_and_counts_them(capsys, extracted, tmp_path):

@@ -8,7 +8,10 @@ is there). A complete extraction names the same samples three ways: ``sample_len
 resume ledger (an entry for each file written whole; absent in a folder speculators' own
 generator wrote) and the ``data_{i}.pt`` files themselves. Each file must load, memory-mapped
 (under a millisecond), and hold the layers of the first, of its hidden size, one state per
-token ``sample_lengths.json`` records.
+token ``sample_lengths.json`` records. Where the ledger and the manifest are there, a file
+must also hold the token ids and loss mask its ledger entry fingerprints (another sample's
+file copied over it has the same shape and length); file times are not compared, as a copy
+of the folder changes them.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import files, stored
-from specshim.runner.extract import LEDGER, SAMPLE_FILE
+from specshim.runner import dataset, files, stored
+from specshim.runner.extract import LEDGER, MANIFEST, SAMPLE_FILE, fingerprint
 
 LENGTHS = "sample_lengths.json"
 #: What a sample file holds (``dataset.record``).
@@ -73,7 +76,9 @@ def _problems(data: Path, lengths: dict[int, int]) -> dict[str, str]:
     """What is wrong with each sample file that is, by file name."""
     named = {f"data_{i}.pt": i for i in lengths}
     problems: dict[str, str] = {}
-    for name in files.Ledger(data / LEDGER).entries():
+    recorded = files.Ledger(data / LEDGER).entries()
+    settings = _recorded_settings(data)
+    for name in recorded:
         if name not in named:
             problems[name] = f"recorded in {LEDGER} but not in {LENGTHS}"
     for path in data.glob("data_*.pt"):
@@ -82,7 +87,8 @@ def _problems(data: Path, lengths: dict[int, int]) -> dict[str, str]:
     first: tuple[str, int, int] | None = None  # (name, layers, hidden) of the first good file
     for name, index in sorted(named.items(), key=lambda item: item[1]):
         try:
-            layers, hidden, tokens = _shape(stored.load_torch(data / name, "a sample", mmap=True))
+            sample = stored.load_torch(data / name, "a sample", mmap=True)
+            layers, hidden, tokens = _shape(sample)
         except stored.BadFile as exc:
             problems[name] = exc.problem
             continue
@@ -96,7 +102,31 @@ def _problems(data: Path, lengths: dict[int, int]) -> dict[str, str]:
             )
         elif tokens != lengths[index]:
             problems[name] = f"{tokens} tokens, {LENGTHS} records {lengths[index]}"
+        elif settings and name in recorded and not _as_recorded(sample, recorded[name], settings):
+            problems[name] = "holds other tokens than extract recorded for it"
     return problems
+
+
+def _recorded_settings(data: Path) -> dict[str, Any] | None:
+    """The settings ``data/specshim_extract.json`` holds, which the ledger's fingerprints
+    hash; None where there is no readable one (a folder extract did not write)."""
+    try:
+        settings = json.loads((data / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return (
+        settings if isinstance(settings, dict) and settings.keys() >= {"model", "layers"} else None
+    )
+
+
+def _as_recorded(sample: dict[str, Any], entry: files.Entry, settings: dict[str, Any]) -> bool:
+    """Whether a sample file holds the token ids and loss mask its ledger entry fingerprints
+    (extract's own :func:`~specshim.runner.extract.fingerprint`, over the ids alone: the
+    hidden states stay unread). Its size and time are not compared: a copied folder keeps
+    its samples but not their times."""
+    ids, mask = sample["input_ids"].tolist(), sample["loss_mask"].tolist()
+    made_from = dataset.Sample(index=0, line=0, input_ids=ids, loss_mask=mask)
+    return fingerprint(made_from, len(ids), settings) == entry.fingerprint
 
 
 def _index(name: str) -> int:
