@@ -275,7 +275,8 @@ def _vocab(args: argparse.Namespace) -> int:
 
     vocab.check_sizes(args.draft_vocab_size, args.target_vocab_size)  # before reading a model
     target = args.target_vocab_size or vocab.target_vocab_size(args.model, args.trust_remote_code)
-    for path in vocab.build(args.data, args.draft_vocab_size, target, args.out or args.data):
+    out = args.out or args.data
+    for path in vocab.build(args.data, args.draft_vocab_size, target, out, args.overwrite):
         print(path)
     return 0
 
@@ -308,6 +309,9 @@ def _add_vocab(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     command.add_argument(
         "--out", type=Path, default=None, help="where d2t.npy/t2d.npy go (default: --data)"
+    )
+    command.add_argument(
+        "--overwrite", action="store_true", help="replace d2t.npy/t2d.npy already in --out"
     )
     _add_trust_remote_code(command)
     command.set_defaults(handler=_vocab)
@@ -575,6 +579,7 @@ def _run(args: argparse.Namespace) -> int:
         args.samples,
         args.epochs,
         args.backend,
+        args.overwrite,
     )
     return pipeline.run(settings)
 
@@ -604,6 +609,11 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     command.add_argument("--epochs", type=int, default=3, help="draft training epochs")
     command.add_argument(
         "--backend", choices=BACKENDS, default="auto", help="as `specshim extract --backend`"
+    )
+    command.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let it write into a --workdir that holds files another run or tool wrote",
     )
     command.set_defaults(handler=_run)
 

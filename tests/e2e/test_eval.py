@@ -111,12 +111,13 @@ def test_a_second_run_in_the_same_workdir_resumes_extraction_and_retrains(
 ) -> None:
     """The README's main command, run again in its work directory: the extracted states are
     reused (every sample already done) and the draft is trained anew, not refused as a mixed
-    run. Its own work directory (the pipeline's verifier copied in), so the draft the tests
-    above read is never replaced."""
+    run. Its own work directory (the pipeline's verifier copied in, which takes --overwrite:
+    the folder is not one `specshim run` made), so the draft the tests above read is never
+    replaced."""
     work, _ = pipeline
     again = tmp_path / "again"
     shutil.copytree(work / "verifier", again / "verifier")
-    specshim("run", "--workdir", str(again), "--samples", "40", "--epochs", "2")
+    specshim("run", "--workdir", str(again), "--samples", "40", "--epochs", "2", "--overwrite")
     second = specshim("run", "--workdir", str(again), "--samples", "40", "--epochs", "1")
     assert "(0 extracted, 40 already done)" in second.stdout
     log = json.loads((again / "draft" / "train_log.json").read_text())

@@ -171,8 +171,9 @@ def test_a_pt_file_made_to_run_code_is_read_without_running_it(capsys, tmp_path)
     assert cli.main(["convert", "--data", str(folder), "--out", str(tmp_path / "converted")]) == 1
     assert "data_0.pt: could not be loaded" in capsys.readouterr().err
     env = {**os.environ, "PYTHONPATH": f"{speculators_path('0.4.0.1')}:{Path('src').resolve()}"}
+    sizes = ["--draft-vocab-size", "8", "--target-vocab-size", "64"]
     for argv in (
-        ["vocab", "--data", str(folder), "--draft-vocab-size", "8", "--target-vocab-size", "64"],
+        ["vocab", "--data", str(folder), *sizes, "--overwrite"],  # over train's d2t.npy/t2d.npy
         ["train", "--data", str(folder), "--verifier", str(tmp_path), "--out", str(tmp_path / "t")],
     ):
         done = subprocess.run([sys.executable, "-m", "specshim.cli", *argv], env=env,

@@ -23,6 +23,12 @@ from pathlib import Path
 LOCK_FILE = ".specshim.lock"
 
 
+def contents(folder: Path) -> list[Path]:
+    """What ``folder`` (an existing folder) holds, sorted, less :data:`LOCK_FILE`: the lock is
+    never one of the folder's files."""
+    return sorted(p for p in folder.iterdir() if p.name != LOCK_FILE)
+
+
 class OutInUse(Exception):
     """Another command holds the folder; the message is the one line to show."""
 

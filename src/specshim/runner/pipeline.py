@@ -13,11 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specshim import console
+from specshim.runner import files, out_lock
 
 #: The verifier has 4 layers: the generator's default ids [2, n//2, n-3, n-1] would collapse to
 #: three distinct layers, so the pipeline names them: three auxiliary layers and the last.
 LAYERS = [0, 1, 2, 3]
 DRAFT_VOCAB = 256
+#: Written first into a work directory: it is this command's, and a rerun may write there.
+MARKER = "specshim_run.json"
+#: How many of a refused work directory's files its message names.
+NAMED = 3
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class Settings:
     samples: int = 300
     epochs: int = 3
     backend: str = "auto"
+    overwrite: bool = False
 
 
 def say(message: str) -> None:
@@ -39,14 +45,30 @@ def say(message: str) -> None:
     console.status("specshim run", message)
 
 
+def claim(work: Path, overwrite: bool) -> None:
+    """Make ``work`` (an existing folder) this command's, before anything else is written.
+
+    The pipeline replaces ``data.jsonl``, the vocabulary, the draft and the evaluation in its
+    work directory: a folder that holds files and no :data:`MARKER` (the user's, or another
+    command's) is refused with one line unless ``overwrite``; then the marker is written."""
+    if not overwrite and not (work / MARKER).exists() and (found := out_lock.contents(work)):
+        names = ", ".join(p.name for p in found[:NAMED]) + (", ..." if len(found) > NAMED else "")
+        raise ValueError(
+            f"--workdir {work} holds files specshim run did not write ({names}): "
+            "pick an empty or new --workdir, or pass --overwrite to let it replace them"
+        )
+    files.save_json(work / MARKER, {"written_by": "specshim run"})
+
+
 def run(settings: Settings) -> int:
     """The whole pipeline in ``settings.workdir``: a verifier trained there before is kept and
     the extraction resumes, the draft is trained anew. Exit status 0 when greedy output with
     the draft is the verifier's own, 1 otherwise."""
+    work = settings.workdir
+    claim(work, settings.overwrite)
     from specshim.runner import evaluate, export, extract, train, vocab
     from specshim.testbed import learnable
 
-    work = settings.workdir
     verifier = work / "verifier"
     if not (verifier / "config.json").exists():
         say(f"training the verifier for up to {settings.verifier_seconds:.0f} s ({verifier})")
@@ -64,7 +86,7 @@ def run(settings: Settings) -> int:
     )
     print(summary.text())
     target = vocab.target_vocab_size(verifier)
-    d2t, t2d = vocab.build(states, min(DRAFT_VOCAB, target), target, work)
+    d2t, t2d = vocab.build(states, min(DRAFT_VOCAB, target), target, work, overwrite=True)
     print(f"vocabulary: {d2t}, {t2d}")
     # The demo trains its draft anew on every run (extraction above resumes instead): a
     # second `specshim run` in the same work directory must not be refused as a mixed run.

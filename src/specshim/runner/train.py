@@ -350,8 +350,7 @@ def _contents(out: Path) -> list[Path]:
     """What ``out`` holds, less the lock of the command writing there (``out_lock``)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a folder (new, or a run to resume)")
-    held = out / out_lock.LOCK_FILE
-    return sorted(p for p in out.iterdir() if p != held) if out.is_dir() else []
+    return out_lock.contents(out) if out.is_dir() else []
 
 
 def _is_run_file(path: Path) -> bool:

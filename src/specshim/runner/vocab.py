@@ -38,14 +38,23 @@ def target_vocab_size(model: str | Path, trust_remote_code: bool = False) -> int
 
 
 def build(
-    data: Path, draft_vocab_size: int, target_vocab_size: int, out: Path
+    data: Path, draft_vocab_size: int, target_vocab_size: int, out: Path, overwrite: bool = False
 ) -> tuple[Path, Path]:
-    """Write ``d2t.npy`` and ``t2d.npy`` into ``out`` from ``data``'s ``token_freq.pt``."""
+    """Write ``d2t.npy`` and ``t2d.npy`` into ``out`` from ``data``'s ``token_freq.pt``.
+
+    Files of those names already in ``out`` are refused unless ``overwrite``, before anything
+    is read: they may be the user's own, or the vocabulary a trained draft was built on."""
     import numpy as np
 
     from specshim.runner import files, stored
 
     check_sizes(draft_vocab_size, target_vocab_size)
+    d2t_path, t2d_path = out / "d2t.npy", out / "t2d.npy"
+    if not overwrite and (found := [p.name for p in (d2t_path, t2d_path) if p.exists()]):
+        raise ValueError(
+            f"{out} already holds {' and '.join(found)}: pass --overwrite to replace them, "
+            "or pick another --out"
+        )
     if draft_vocab_size > target_vocab_size:
         raise ValueError(
             f"--draft-vocab-size must be at most the target vocabulary ({target_vocab_size}), "
@@ -65,7 +74,6 @@ def build(
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
-    d2t_path, t2d_path = out / "d2t.npy", out / "t2d.npy"
     files.write_atomic(d2t_path, lambda f: np.save(f, d2t.numpy()))
     files.write_atomic(t2d_path, lambda f: np.save(f, t2d.numpy()))
     return d2t_path, t2d_path
