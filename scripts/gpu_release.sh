@@ -48,7 +48,7 @@ for spec in $SPECS; do
         fi
         step "report_$spec" python3 -m specshim.cli report
         step "run_${spec}_$BACKEND" python3 -m specshim.cli run --workdir "$work" --verifier-seconds 60 \
-            --samples 200 --backend "$BACKEND"
+            --samples 200 --backend "$BACKEND" --overwrite  # a folder of this script's
         exit $status
     ) || status=1
 done
