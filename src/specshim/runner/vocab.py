@@ -18,6 +18,35 @@ def check_sizes(draft_vocab_size: int, target_vocab_size: int | None) -> None:
         raise ValueError(f"--target-vocab-size must be at least 1, got {target_vocab_size}")
 
 
+def check_counts(freq: dict, path: Path, target_vocab_size: int, fix: str) -> None:
+    """Refuse counts speculators' mapping cannot take, with one line: a token id or count that
+    is not a whole number, a negative count, or an id outside the target vocabulary (counts of
+    another model's tokenizer, or a --target-vocab-size too small)."""
+    from specshim.runner import stored
+
+    for token, count in freq.items():
+        if not (_whole(token) and _whole(count)) or count < 0:
+            raise stored.BadFile(
+                path, f"holds {token!r}: {count!r} (expected token id: count, whole numbers)", fix
+            )
+    if freq and not 0 <= min(freq) <= max(freq) < target_vocab_size:
+        outside = min(freq) if min(freq) < 0 else max(freq)
+        raise ValueError(
+            f"{path} counts token id {outside}, outside a "
+            f"target vocabulary of {target_vocab_size}: pass the verifier's vocabulary size "
+            "(--target-vocab-size, or --model), or extract with that verifier"
+        )
+
+
+def _whole(value: object) -> bool:
+    """An int (or a 0-d integer tensor, as torch may save one), not a bool."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.is_floating_point() and value.dtype != torch.bool
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def target_vocab_size(model: str | Path, trust_remote_code: bool = False) -> int:
     """The verifier's vocabulary size, from its config (a multimodal model's text part), the
     model's own code run only with ``trust_remote_code`` (:mod:`specshim.runner.remote_code`).
@@ -68,6 +97,7 @@ def build(
     if not isinstance(freq, dict):
         kind = type(freq).__name__
         raise stored.BadFile(freq_path, f"holds a {kind}, not {{token id: count}}", fix)
+    check_counts(freq, freq_path, target_vocab_size, fix)
     import specshim
 
     specshim.apply()  # speculators' import needs it on transformers 5
