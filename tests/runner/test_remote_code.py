@@ -46,6 +46,7 @@ def test_a_model_only_its_own_code_reads_is_one_line_from_each_command(
     for argv in (
         ["extract", "--model", str(model), "--data", str(data), "--out", str(out)],
         ["vocab", "--data", str(out), "--draft-vocab-size", "8", "--model", str(model)],
+        ["eval", "--verifier", str(model), "--draft", str(model), "--out", str(out)],
     ):
         code = cli.main(argv)
         assert (code, capsys.readouterr().err) == (1, f"specshim {argv[0]}: {refusal(model)}\n")

@@ -169,9 +169,11 @@ def evaluate(
     trust_remote_code: bool = False,
 ) -> Evaluation:
     """Greedy runs without and with ``draft`` (a folder vLLM loads: see ``runner.export``);
-    vLLM runs the verifier's own code only with ``trust_remote_code``."""
+    vLLM runs the verifier's own code only with ``trust_remote_code``: a verifier only its own
+    code reads is refused with one line before vLLM starts and anything is written."""
     if not prompts:
         raise ValueError("specshim eval needs at least one prompt")
+    remote_code.config(verifier, trust_remote_code)
     workdir.mkdir(parents=True, exist_ok=True)
     prompt_file = workdir / "prompts.json"
     files.save_json(prompt_file, list(prompts))
