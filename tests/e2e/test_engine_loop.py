@@ -187,8 +187,9 @@ from specshim import cli
 from specshim.runner import engine_loop
 options = json.loads(sys.argv[1])
 start = engine_loop.EngineGenerator.__init__
-def small_cache(self, model, layer_ids, max_model_len, tensor_parallel_size, steps=None):
-    start(self, model, layer_ids, max_model_len, tensor_parallel_size, (steps or {}) | options)
+def small_cache(self, model, layer_ids, max_model_len, tensor_parallel_size, steps=None, *rest):
+    start(self, model, layer_ids, max_model_len, tensor_parallel_size, (steps or {}) | options,
+          *rest)
 engine_loop.EngineGenerator.__init__ = small_cache
 sys.exit(cli.main(sys.argv[2:]))
 """
