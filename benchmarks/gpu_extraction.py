@@ -10,11 +10,9 @@ writes the states must stay under):
 - ``native``: vLLM's ``extract_hidden_states`` speculative method with its
   ``ExampleHiddenStatesConnector`` (vLLM >= 0.18), timed until every file is written;
 - ``generator_rpc``: speculators' generator after ``specshim.apply()``, states through the RPC;
-- ``generator_ipc`` / ``generator_shm``: the same, states handed over by CUDA IPC or through
-  shared host memory (``specshim.runner.handoff``);
-- ``extract_rpc`` / ``extract_ipc`` / ``extract_shm``: ``specshim extract`` writing every sample
-  to disk, with each hand-off (the files are compared: equal tensor for tensor, or the
-  worst relative error where batches differ);
+- ``extract_rpc``: ``specshim extract`` writing every sample to disk, states through the RPC
+  (the files are compared: equal tensor for tensor, or the worst relative error where
+  batches differ);
 - ``extract_worker``: the same, vLLM's worker writing the files itself
   (``specshim.runner.worker_writer``), which reports where its time went; any ``extract_*``
   path also takes ``@writers=N`` (the worker's writer processes,
@@ -74,11 +72,7 @@ PATHS = (
     "vllm_prefill",
     "native",
     "generator_rpc",
-    "generator_ipc",
-    "generator_shm",
     "extract_rpc",
-    "extract_ipc",
-    "extract_shm",
     "extract_worker",
     "extract_native",
     "extract_engine",
@@ -181,7 +175,7 @@ def _native(model: str, prompts: list[list[int]], max_len: int, work: Path) -> d
     return _timed(run, prompts)
 
 
-def _generator(model: str, prompts: list[list[int]], max_len: int, how: str) -> dict[str, Any]:
+def _generator(model: str, prompts: list[list[int]], max_len: int) -> dict[str, Any]:
     import specshim
 
     specshim.apply()
@@ -189,10 +183,7 @@ def _generator(model: str, prompts: list[list[int]], max_len: int, how: str) -> 
         VllmHiddenStatesGenerator,
     )
 
-    from specshim.runner import handoff
-
     generator = VllmHiddenStatesGenerator(model, layer_ids=layer_ids(model), max_model_len=max_len)
-    handoff.use(generator, how)
     timers = Timers()
     timers.wrap(generator.executor, "execute_model")
     timers.wrap(generator.executor, "sample_tokens")
@@ -209,7 +200,6 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     import contextlib
 
     from specshim.runner import engine_feed, engine_loop, extract, files, native, worker_writer
-    from specshim.runner import handoff as handoffs
 
     handoff = mode.removeprefix("extract_").split("@")[0]
     settings = _settings(mode)
@@ -246,8 +236,8 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
             timers.wrap(generator.executor, "execute_model")
             timers.wrap(generator.executor, "collective_rpc", by_first_argument=True)
             yield generator
-            state = worker_writer.state if handoff == "worker" else handoffs.state
-            worker.extend(generator.executor.collective_rpc(state))
+            if handoff == "worker":
+                worker.extend(generator.executor.collective_rpc(worker_writer.state))
 
     extract._generator = timed_generator
     timers.wrap(extract, "_checked")
@@ -383,8 +373,8 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
         result = _vllm_prefill(model, prompts, max_len)
     elif mode == "native":
         result = _native(model, prompts, max_len, root)
-    elif mode.startswith("generator_"):
-        result = _generator(model, prompts, max_len, mode.removeprefix("generator_"))
+    elif mode == "generator_rpc":
+        result = _generator(model, prompts, max_len)
     elif mode.startswith("extract_"):
         result = _extract(model, Path(data), max_len, root / mode, mode)
     elif mode == "disk":

@@ -44,13 +44,11 @@ def prompts(
 def in_worker(worker: object) -> dict[str, object]:
     """Run inside each vLLM worker: which model runner it uses, what specshim applied there."""
     import specshim
-    from specshim.runner import handoff
 
     runner = type(worker.model_runner)  # type: ignore[attr-defined]
     return {
         "runner": f"{runner.__module__}.{runner.__qualname__}",
         "applied": specshim.status().applied,
-        "handoff": handoff.state(worker),
     }
 
 
@@ -65,7 +63,6 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=0, help="0: mixed lengths")
     parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     parser.add_argument("--gpu", action="store_true", help="vLLM's CUDA build: no CPU settings")
-    parser.add_argument("--handoff", default="rpc", help="how states leave the worker (handoff)")
     args = parser.parse_args()
     if not args.gpu:
         hardware.configure_cpu()
@@ -90,10 +87,6 @@ def main() -> int:
         generator = VllmHiddenStatesGenerator(
             args.model, max_model_len=args.max_model_len, tensor_parallel_size=args.tp, **memory
         )
-        if args.handoff != "rpc":
-            from specshim.runner import handoff
-
-            handoff.use(generator, args.handoff)
         data = prompts(len(generator.tokenizer), args.prompt_len)
         results: dict[str, object] = {"prompts": data, "layer_ids": generator.layer_ids}
         for size in (int(b) for b in args.batches.split(",")):

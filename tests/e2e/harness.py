@@ -44,7 +44,6 @@ def run(
     prompt_len: int = 0,
     max_model_len: int = 256,
     runner_v2: bool = False,
-    handoff: str = "rpc",
 ) -> dict[str, Any]:
     """The driver's results, or ``{"error": {...}}`` when the generator raised.
 
@@ -67,7 +66,6 @@ def run(
                 prompt_len,
                 max_model_len,
                 "v2" if runner_v2 else "v1",
-                handoff,
             ),
         )
     )
@@ -78,7 +76,7 @@ def run(
         fcntl.flock(lock, fcntl.LOCK_EX)  # a run made by another worker of this session is read
         return _made_here(out) or _make(
             out, vllm, speculators, model, exclude, shim, batches, tp, prompt_len,
-            max_model_len, runner_v2, handoff,
+            max_model_len, runner_v2,
         )  # fmt: skip
 
 
@@ -112,7 +110,6 @@ def _make(
     prompt_len: int,
     max_model_len: int,
     runner_v2: bool,
-    handoff: str,
 ) -> dict[str, Any]:
     """Run the driver into ``out`` (see :func:`run`) and record that this session made it."""
     for stale in (out, *(Path(f"{out}.{end}") for end in ("error.json", "log", "session"))):
@@ -151,8 +148,6 @@ def _make(
         cmd.append("--no-shim")
     if on_gpu:
         cmd.append("--gpu")
-    if handoff != "rpc":
-        cmd += ["--handoff", handoff]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     Path(f"{out}.log").write_text(proc.stdout + proc.stderr)
     if not Path(f"{out}.error.json").exists() and (proc.returncode != 0 or not out.exists()):

@@ -654,8 +654,8 @@ def _choose_backend(
     """The backend to run and why: as asked, or for ``auto`` what the matrix and the
     installed vLLM support, the engine backend only where :func:`_engine_unfit` allows (told
     on stderr before vLLM starts, and in the summary). ``native`` where vLLM cannot run it
-    here is refused before vLLM starts, saying why. ``--handoff`` rpc, ipc or shm are how
-    speculators' generator hands its states to this process, so with ``auto`` they choose the
+    here is refused before vLLM starts, saying why. ``--handoff rpc`` is how
+    speculators' generator hands its states to this process, so with ``auto`` it chooses the
     generator (``extract`` refuses them with the backends that write in vLLM's worker):
     dropped silently, the user would measure or debug a hand-off that never ran."""
     from specshim import report
@@ -995,8 +995,6 @@ def _generator(
     except Exception as exc:  # whatever vLLM raised: the user gets its first line
         raise ExtractionError(f"vLLM could not start {model}: {console.first_line(exc)}") from exc
     try:
-        if backend == "generator" and handoff != "worker":  # extract's _writer installs that
-            handoffs.use(generator, handoff)
         yield generator
     finally:
         if backend in ("native", "engine"):
@@ -1005,7 +1003,6 @@ def _generator(
         else:
             generator.executor.shutdown()
             del generator.executor
-            handoffs.forget()
 
 
 @contextlib.contextmanager

@@ -281,7 +281,7 @@ class WorkerFiles:
                     raise RuntimeError(
                         f"worker writer: could not hold {files.size(least)} of states in "
                         f"{self._ring.buffer.directory} ({exc.strerror or exc}): give it more "
-                        "room (Docker: --shm-size), or use extract --handoff shm or rpc"
+                        "room (Docker: --shm-size), or use extract --handoff rpc"
                     ) from None
                 nbytes = max(least, nbytes // 2)
 
