@@ -40,6 +40,17 @@ def report(
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
+def said(text: str, label: str) -> str:
+    """The statement of the text report that starts with ``label:``, its wrapped lines joined."""
+    statements: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("  ") and statements:  # a wrapped line continues the statement
+            statements[-1].append(line.strip())
+        else:
+            statements.append([line])
+    return next(" ".join(s) for s in statements if s[0].startswith(f"{label}: "))
+
+
 def one_row_matrix(folder: Path, speculators: str, accelerator: str) -> versions.Installed:
     """A matrix (a real file, given to the report through SPECSHIM_MATRIX) whose one row is
     the installed vLLM with ``speculators``, measured on ``accelerator``; the installed vLLM."""
@@ -133,7 +144,7 @@ def test_a_row_measured_on_the_h200_is_quoted_on_the_h200_only(tmp_path: Path, m
     if this_machine == "NVIDIA H200, sm_90":
         pytest.skip("this machine is an H200: there is no elsewhere to show")
     here = report("--no-import", speculators="0.3.0")
-    verdict = here.stdout.splitlines()[-1]
+    verdict = said(here.stdout, "verdict")
     assert verdict.startswith(
         f"verdict: untested: measured elsewhere, not on this {this_machine}: "
     )
@@ -343,3 +354,63 @@ def test_native_path_where_the_cpu_kernel_stand_in_misses_a_keyword(monkeypatch,
         "CPU stand-in does not take (the engine's warm-up fails); on the CPU"
     )
     assert reports.native_path(vllm, FAKE_H200).available  # Triton's kernel on a GPU
+
+
+#: Modules of the heavy packages that ``report`` imports only to probe speculators' generator.
+HEAVY = ("vllm", "torch", "transformers", "speculators", "triton")
+#: ``specshim report ARGS`` in this process, then the heavy packages it imported, on stderr.
+HEAVY_IMPORTED = (
+    "import sys\n"
+    "from specshim import cli\n"
+    "code = cli.main(['report', *sys.argv[1:]])\n"
+    f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})), file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("speculators", "args"), [(None, ()), (None, ("--json",)), ("0.4.0.1", ("--no-import",))]
+)
+def test_report_imports_no_heavy_package_where_nothing_is_probed(speculators, args) -> None:
+    """Without speculators' generator to probe (none installed, or --no-import), the report
+    reads versions from metadata and vLLM's facts from its files: vLLM, torch, transformers
+    are never imported (each costs seconds)."""
+    env = {k: v for k, v in os.environ.items() if k not in (engine.APPLY_ENV, "PYTHONPATH")}
+    if speculators:
+        from conftest import speculators_path
+
+        env["PYTHONPATH"] = str(speculators_path(speculators))
+    done = subprocess.run(
+        [sys.executable, "-c", HEAVY_IMPORTED, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == "[]", done.stderr[-2000:]
+
+
+@pytest.mark.vllm
+def test_report_says_the_verdict_first_in_100_columns_without_third_party_noise() -> None:
+    """With speculators 0.4.0.1 probed (vLLM, torch and triton imported, each of which warns
+    as it loads), the text report starts with the verdict and what to do first; the adapters
+    are counted, and listed one a row only with --verbose; no line passes 100 columns; and
+    nothing but the report is printed, on stdout or stderr."""
+    from specshim.adapters import registry
+
+    brief, verbose = report(speculators="0.4.0.1"), report("--verbose", speculators="0.4.0.1")
+    for result in (brief, verbose):
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stderr == ""
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith("verdict: tested-pass: reached ")
+        assert said(result.stdout, "first").startswith("first: tested here: go ahead")
+        assert [line for line in lines if len(line) > 100] == []
+        assert not any(word in result.stdout for word in ("Warning", "Triton", "WARNING"))
+    rows = [line.split()[0] for line in verbose.stdout.splitlines() if line.startswith("  ")]
+    assert [name for name in rows if name in registry.names()] == registry.names()
+    assert not any(
+        line.split()[:1] in [[n] for n in registry.names()] for line in brief.stdout.splitlines()
+    )
+    assert said(brief.stdout, "adapters").endswith("(--verbose lists them)")

@@ -69,13 +69,8 @@ def _command(
 def _report(args: argparse.Namespace) -> int:
     from specshim import report
 
-    if args.json:
-        with _stdout_to_stderr():
-            full = report.build(probe_imports=not args.no_import)
-        print(json.dumps(full.to_dict(), indent=2))
-    else:
-        full = report.build(probe_imports=not args.no_import)
-        print(full.to_text())
+    full = report.build(probe_imports=not args.no_import)
+    print(json.dumps(full.to_dict(), indent=2) if args.json else full.to_text(args.verbose))
     return full.exit_code
 
 
@@ -84,13 +79,16 @@ def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         commands,
         "report",
         "versions, accelerator, adapters and the verdict",
-        "Say which vLLM, speculators and accelerator are installed, which patches this\n"
-        "combination needs, and whether the combination was tested (the matrix specshim\n"
-        "ships). Exit status: 0 fine; 1 a needed patch failed or the combination is known\n"
-        "broken; 2 bad usage.",
-        "  specshim report\n  specshim report --json > report.json",
+        "Say whether this vLLM, speculators and accelerator were tested together (the matrix\n"
+        "specshim ships) and what to do first, then the versions, the patches this\n"
+        "combination needs and the extraction backends. Exit status: 0 fine; 1 a needed\n"
+        "patch failed or the combination is known broken; 2 bad usage.",
+        "  specshim report\n  specshim report --verbose\n  specshim report --json > report.json",
     )
     command.add_argument("--json", action="store_true", help="machine-readable output")
+    command.add_argument(
+        "--verbose", action="store_true", help="every adapter's state and reason, one a row"
+    )
     command.add_argument(
         "--no-import",
         action="store_true",

@@ -16,7 +16,10 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
 
 from specshim import console
 
@@ -58,11 +61,23 @@ def architecture(major: int) -> str:
     return ARCHITECTURES.get(major, f"unknown (sm_{major}x)")
 
 
+def _cpu_only_torch() -> bool:
+    """Is the installed torch a CPU-only build? Its version says so (``2.10.0+cpu``: the wheels
+    of PyTorch's CPU index, built without CUDA); read from its metadata, since importing torch
+    to hear the same takes seconds."""
+    try:
+        return Version(metadata.version("torch")).local == "cpu"
+    except (metadata.PackageNotFoundError, InvalidVersion):
+        return False
+
+
 def detect() -> Accelerator:
-    """Ask torch what is here; without torch the answer is the CPU."""
+    """Ask torch what is here; without torch, or with a CPU-only build, the answer is the CPU."""
     import platform
 
     cpu = platform.machine()  # the architecture; platform.processor() varies by distribution
+    if _cpu_only_torch():
+        return Accelerator("cpu", cpu, 0, None, None, "cpu")
     try:
         import torch
     except ImportError:

@@ -11,6 +11,12 @@ import ast
 import contextlib
 import importlib
 import importlib.util
+import logging
+import os
+import textwrap
+import warnings
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +25,12 @@ from specshim.adapters import kit, registry
 from specshim.adapters.targets import GENERATOR, WORKER
 
 SCHEMA_VERSION = 1
+#: The columns a line of the text report fits in.
+WIDTH = 100
+#: What must be installed for a verdict: without one of them, installing it is the first step.
+NEEDED = ("vllm", "speculators")
+#: vLLM's switch for its own log handler (on stdout by default), off while the report imports.
+CONFIGURE_VLLM_LOGGING = "VLLM_CONFIGURE_LOGGING"
 #: vLLM's own hidden-state extraction (speculators >= 0.5 generates data through it): the
 #: speculative method's proposer and the connector that writes the files, as installed, each
 #: where any release keeps it (the proposer of Model Runner V2, the only runner from 0.34, lives
@@ -61,7 +73,7 @@ def native_path(vllm: versions.Installed, accelerator: hardware.Accelerator) -> 
     speculators 0.3/0.4, with the command to take their data along (docs/migration.md)."""
     if vllm.version is None:
         return NativePath(False, "vLLM is not installed")
-    missing = [homes[0] for homes in NATIVE_MODULES if not any(map(_importable, homes))]
+    missing = [homes[0] for homes in NATIVE_MODULES if not any(map(kit.module_file, homes))]
     if missing:
         return NativePath(
             False,
@@ -235,13 +247,6 @@ def _untaken_kernel_keywords() -> list[str]:
     return sorted(passed - taken) if stand_in.kwarg is None else []
 
 
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ImportError:  # a parent package is missing
-        return False
-
-
 @dataclass(frozen=True)
 class FullReport:
     """Everything ``specshim report`` says about this installation."""
@@ -277,29 +282,107 @@ class FullReport:
             "engine_backend": {"verdict": self.engine_verdict.to_dict()},
         }
 
-    def to_text(self) -> str:
-        """The report as ``specshim report`` prints it; the verdict is the last line."""
-        lines = ["specshim report", ""]
+    def first_step(self) -> str:
+        """What the user should do first, from the most pressing finding: something missing, a
+        generator that does not import, a patch not in force, a combination known to fail, one
+        never run here, one run short of training, or one shown training here."""
+        missing = [i.name for i in self.installed if i.name in NEEDED and i.version is None]
+        if missing:
+            return (
+                f"install {' and '.join(missing)} (README: Install), then run `specshim report` "
+                "again"
+            )
+        if self.import_error:
+            return (
+                "speculators' generator does not import here (below): fix that first; "
+                "`specshim triage` shows what moved in vLLM"
+            )
+        if self.adapters.broken:
+            return (
+                "do not extract on this installation: a needed patch is not in force (below); "
+                "`specshim triage` shows what moved in vLLM"
+            )
+        if self.verdict.status == "tested-fail":
+            return (
+                "this combination is known to fail here: install one the matrix shows passing "
+                "(docs/compat.md)"
+            )
+        if self.verdict.status == "untested":
+            return (
+                "before a long run, check this combination with `specshim run --workdir "
+                "runs/check` (the whole pipeline on a built-in tiny verifier, minutes)"
+            )
+        reached = max(matrix.LEVELS.index(row.level) for row in self.verdict.rows)
+        if reached < matrix.LEVELS.index("training"):
+            return (
+                f"tested up to {matrix.LEVELS[reached]} here: `specshim run --workdir runs/check` "
+                "tries training and eval before a long run"
+            )
+        return "tested here: go ahead with `specshim extract` (README: Using it)"
+
+    def to_text(self, verbose: bool = False) -> str:
+        """The report as ``specshim report`` prints it: the verdict and what to do first, then
+        the versions, the adapters counted by state (each with its reason when ``verbose``),
+        and the extraction backends' rows. Long lines wrap at :data:`WIDTH` columns, indented
+        under their first line; nothing is cut."""
+        verdict = self.verdict
+        lines = [*_wrapped(f"verdict: {verdict.status}: {verdict.detail}")]
+        lines += [*_wrapped(f"first: {self.first_step()}"), ""]
         for item in self.installed:
             source = f" ({item.distribution})" if item.distribution not in (None, item.name) else ""
             lines.append(f"  {item.name:<13} {item.version or 'not installed'}{source}")
-        lines.append(f"  {'accelerator':<13} {self.accelerator.describe()}")
-        lines += ["", "adapters:"]
-        width = max(len(a.name) for a in self.adapters.adapters)
-        for a in self.adapters.adapters:
-            lines.append(f"  {a.name:<{width}}  {a.state.value:<15} {a.reason}")
+        lines += [f"  {'accelerator':<13} {self.accelerator.describe()}", ""]
+        states = Counter(a.state.value for a in self.adapters.adapters)
+        counted = ", ".join(f"{n} {state}" for state, n in states.items())
+        lines += _wrapped(f"adapters: {counted}" + (":" if verbose else " (--verbose lists them)"))
+        if verbose:
+            width = max(len(a.name) for a in self.adapters.adapters)
+            for a in self.adapters.adapters:
+                row = f"  {a.name:<{width}}  {a.state.value:<15} {a.reason}"
+                lines += _wrapped(row, indent=width + 20)
         if self.adapters.broken:
             names = ", ".join(f"{a.name} ({a.state.value})" for a in self.adapters.broken)
-            lines += ["", f"not in force: {names}; speculators would run without them"]
+            lines += _wrapped(f"not in force: {names}; speculators would run without them")
         if self.import_error:
-            lines += ["", f"importing speculators' generator failed: {self.import_error}"]
-        lines += ["", f"native path: {self.native.detail}"]
-        native = self.native_verdict
-        lines.append(f"native backend in the matrix: {native.status}: {native.detail}")
-        engine_rows = self.engine_verdict
-        lines.append(f"engine backend in the matrix: {engine_rows.status}: {engine_rows.detail}")
-        lines.append(f"verdict: {self.verdict.status}: {self.verdict.detail}")  # the last line
+            lines += _wrapped(f"importing speculators' generator failed: {self.import_error}")
+        lines += ["", *_wrapped(f"native path: {self.native.detail}")]
+        native, engine_rows = self.native_verdict, self.engine_verdict
+        lines += _wrapped(f"native backend in the matrix: {native.status}: {native.detail}")
+        lines += _wrapped(
+            f"engine backend in the matrix: {engine_rows.status}: {engine_rows.detail}"
+        )
         return "\n".join(lines)
+
+
+def _wrapped(text: str, indent: int = 2) -> list[str]:
+    """``text`` as lines of at most :data:`WIDTH` columns, the later ones indented by
+    ``indent``; words are never split (a path longer than a line stays whole)."""
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        subsequent_indent=" " * indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+@contextlib.contextmanager
+def _third_parties_quiet() -> Iterator[None]:
+    """Inside, what vLLM, speculators, torch and triton say while they import stays out of the
+    report: vLLM sets up no log handler of its own (``VLLM_CONFIGURE_LOGGING=0`` unless the user
+    chose), no logger is heard below ERROR, and warnings are ignored. What breaks still reaches
+    the report: as the import error, and as each adapter's state."""
+    chosen = CONFIGURE_VLLM_LOGGING in os.environ
+    os.environ.setdefault(CONFIGURE_VLLM_LOGGING, "0")
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+        if not chosen:
+            del os.environ[CONFIGURE_VLLM_LOGGING]
 
 
 def _import_consumers() -> str | None:
@@ -344,8 +427,9 @@ def build(probe_imports: bool = True) -> FullReport:
     """
     installed = versions.all_installed()
     already_applied = bool(engine.status().applied)
-    adapters = engine.apply()
-    import_error = _import_consumers() if probe_imports else None
+    with _third_parties_quiet():
+        engine.apply()
+        import_error = _import_consumers() if probe_imports else None
     adapters = engine.status()
     if not already_applied:
         engine.revert()

@@ -103,22 +103,27 @@ def with_keywords(
     return wrap(owner, name, call)
 
 
-def module_source(name: str) -> str | None:
-    """The source of module ``name`` read from disk without importing it, or None.
+def module_file(name: str) -> Path | None:
+    """The source file of module ``name``, found on disk without importing anything, or None.
 
-    For probes that must decide before the module is importable (its imports are what broke).
     Only the top-level package is looked up: ``find_spec`` of a submodule would import its
-    parent packages, and speculators' ``data_generation/__init__`` imports the generator.
+    parent packages (vLLM's take seconds, and speculators' ``data_generation/__init__``
+    imports the generator).
     """
     top, *rest = name.split(".")
     spec = importlib.util.find_spec(top)
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate.read_text(encoding="utf-8")
-    return None
+    return next((c for c in (path.with_suffix(".py"), path / "__init__.py") if c.is_file()), None)
+
+
+def module_source(name: str) -> str | None:
+    """The source of module ``name`` read from disk without importing it (:func:`module_file`),
+    or None: for probes that must decide before the module is importable (its imports are what
+    broke)."""
+    path = module_file(name)
+    return None if path is None else path.read_text(encoding="utf-8")
 
 
 def imported_names(source_text: str, from_module: str) -> list[str]:
