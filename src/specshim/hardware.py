@@ -101,8 +101,7 @@ CPU_ENVIRONMENT = {
     "VLLM_HOST_IP": "127.0.0.1",  # keep gloo and zmq on loopback
     # vLLM keeps one core per worker for a busy scheduler process; speculators' generator
     # schedules in the caller, which waits while the worker runs: give the worker every core
-    # (with the reservation, extraction on 2 cores ran at about half of vLLM's prefill;
-    # benchmarks/extraction.py)
+    # (benchmarks/extraction.py)
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in-process (for LLM(...))
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",  # workers re-import; the plugin re-applies specshim

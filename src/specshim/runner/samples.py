@@ -37,10 +37,10 @@ def misaligned(where: str, ran: list[int], row: list[int]) -> str | None:
 def state_problem(state: Any, tokens: int, extremes: Any = None) -> str | None:
     """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
 
-    One pass of ``aminmax`` (it propagates NaN; Inf is an end): ``isfinite(...).all()`` plus
-    ``any()`` took most of an extraction's time on a GPU, this about a tenth of theirs.
-    ``extremes``: the states' ``(min, max)`` where they are known
-    already (the worker computes them on the GPU, beside the copies to the host)."""
+    One pass of ``aminmax`` (it propagates NaN; Inf is an end), not ``isfinite(...).all()``
+    plus ``any()``: three passes over every state. ``extremes``: the states' ``(min, max)``
+    where they are known already (the worker computes them on the GPU, beside the copies to the
+    host)."""
     import torch
 
     if state.shape[0] != tokens:

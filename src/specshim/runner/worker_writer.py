@@ -1,27 +1,22 @@
 """The ``worker`` hand-off: vLLM's worker writes each sample's file itself.
 
-With the other hand-offs (:mod:`specshim.runner.handoff`) every state still reaches the caller,
-where speculators' generator slices it per request and copies it to the host one sample and
-layer at a time (``.clone().cpu()``, pageable): on a GPU that loop was what held
-``specshim extract`` below vLLM's prefill. Here the states stay
-in the worker. Before each ``generate`` the caller tells the worker what the batch is
-(:meth:`WorkerFiles.expect`: each sample's file, token ids and loss mask); when the generator
-fetches the captured states, the worker takes the announced samples the reply holds, splits
-the states per request exactly as the generator would and copies them, on a side stream, into
-one shared ring of host memory (:mod:`specshim.runner.host_ring`; page-locked once, on a GPU),
-each layer's ``(min, max)`` computed on the GPU beside them; its writer processes
-(:mod:`specshim.runner.writer_processes`: outside the worker's GIL, which vLLM's engine loop
-needs) check each sample (:func:`specshim.runner.samples.sample_problem`) and write
-``data_{i}.pt`` atomically (fsynced, renamed into place: :func:`specshim.runner.files.save_torch`)
-from that memory.
-The generator receives states of the same shapes with no columns (``[tokens, 0]``), so its own
-loop costs nothing; the caller checks their token counts and records each file in the ledger
-once the worker says it is in place (:meth:`WorkerFiles.finished`). The files hold the tensors
-the generator would have returned, bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu
-on a GPU). :attr:`WorkerFiles.seconds` says where the time goes. Written on threads in the
-worker, the files were faster than the ``ipc`` hand-off's, but under the engine backend's loop
-the threads' ``torch.save`` took more CPU than the run had time beside the loop: hence the
-processes (docs/benchmarks.md).
+With ``rpc`` every state reaches the caller, where speculators' generator slices it per
+request and copies it to the host one sample and layer at a time (``.clone().cpu()``,
+pageable). Here the states stay in the worker. Before each ``generate`` the caller tells the
+worker what the batch is (:meth:`WorkerFiles.expect`: each sample's file, token ids and loss mask);
+when the generator fetches the captured states, the worker takes the announced samples the reply
+holds, splits the states per request exactly as the generator would and copies them, on a side
+stream, into one shared ring of host memory (:mod:`specshim.runner.host_ring`; page-locked once, on
+a GPU), each layer's ``(min, max)`` computed on the GPU beside them; its writer processes
+(:mod:`specshim.runner.writer_processes`: outside the worker's GIL, which vLLM's engine loop needs)
+check each sample (:func:`specshim.runner.samples.sample_problem`) and write ``data_{i}.pt``
+atomically (fsynced, renamed into place: :func:`specshim.runner.files.save_torch`) from that memory.
+The generator receives states of the same shapes with no columns (``[tokens, 0]``), so its own loop
+costs nothing; the caller checks their token counts and records each file in the ledger once the
+worker says it is in place (:meth:`WorkerFiles.finished`). The files hold the tensors the generator
+would have returned, bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu on a GPU).
+:attr:`WorkerFiles.seconds` says where the time goes. The files are written by processes, not
+threads: ``torch.save`` on threads would take the GIL vLLM's engine loop needs.
 
 How the worker splits a reply is each speculators release's own: 0.3.0 replies one tensor per
 layer, the call's requests concatenated in input order (the generator slices them by prompt
@@ -298,8 +293,8 @@ class WorkerFiles:
 
     def _copy(self, expected: Expected, layers: list[Any], start: int, cuda: bool) -> _Copying:
         """Copy one sample's layers into the ring at ``start``: on a CUDA device on the side
-        stream, each layer's ``(min, max)`` computed there and copied after them (the checks
-        on the host were the largest CPU cost after the writes)."""
+        stream, each layer's ``(min, max)`` computed there and copied after them (so the
+        checks on the host need not read every state)."""
         import torch
 
         memory, places, views = self._ring.memory, [], []

@@ -1,8 +1,7 @@
 """Writer processes: sample files written from shared host memory, outside the worker's GIL.
 
-Written on threads, ``torch.save`` took more CPU than an extraction's whole time on a GPU, in
-vLLM's worker process, whose engine loop needs the same GIL for every step it launches. Here each
-file is written by a process of its own: the
+Written on threads, ``torch.save`` would hold the GIL of vLLM's worker process, whose engine
+loop needs it for every step it launches. Here each file is written by a process of its own: the
 worker copies a sample's states into a :class:`specshim.runner.host_ring.HostRing` and sends
 a :class:`WriteJob` (where the states lie in it, the token ids, the file); the process maps
 the same memory, checks the sample (:func:`specshim.runner.samples.sample_problem`), writes
@@ -10,7 +9,7 @@ the same memory, checks the sample (:func:`specshim.runner.samples.sample_proble
 :class:`Written`. The tensors it saves are views of the shared memory with storages of their
 own size (``torch.frombuffer``), so the file holds what the states were, bit for bit, and
 nothing else. The files carry no CRC-32 (``torch.save``'s ``compute_crc32`` off, in these
-processes only): computing it was a quarter of a file's CPU, and ``torch.load`` has never
+processes only): computing it is a large share of a file's CPU, and ``torch.load`` has never
 checked it (PyTorch builds miniz with ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``); Python's
 ``zipfile`` reading an entry to its end does, and would call it corrupt.
 
@@ -47,13 +46,12 @@ from specshim.runner.samples import Expected, sample_problem
 WRITER_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
 #: Jobs one process holds at once; the rest wait in the worker for the least busy process.
 #: The worker hands jobs out only when the engine calls it (once a step, on its own thread),
-#: so between two steps the processes can write no more than they hold: at 2 a process, 8
-#: processes took half of a GPU step's 32 samples and the rest waited, the files ending behind
-#: the engine. 16 take a step of 32 samples with room
-#: to spare (with many short prompts a step can hold more: those wait a step); the ring still
-#: bounds the bytes waiting. A job's token ids travel through the socket (about 6 bytes a
-#: token): 16 jobs of long prompts can fill its buffer, and then the worker waits for the
-#: process to take one, as it waits for ring room: only where the writers are behind anyway.
+#: so between two steps the processes can write no more than they hold: enough for a step of
+#: speculators' 32 requests with room to spare (with many short prompts a step can hold more:
+#: those wait a step); the ring still bounds the bytes waiting. A job's token ids travel
+#: through the socket (about 6 bytes a token): 16 jobs of long prompts can fill its buffer, and then
+#: the worker waits for the process to take one, as it waits for ring room: only where the writers
+#: are behind anyway.
 DEPTH = 16
 #: How long a process may take to start (import torch) before the worker gives up on it.
 START_SECONDS = 300
@@ -111,9 +109,8 @@ class WriterProcesses:
         return sum(len(p.held) for p in self._processes)
 
     def start(self) -> None:
-        """Start the processes and return once each can take jobs. Each imports torch: seconds
-        (processes starting at once kept the first samples waiting), so the worker starts them when
-        it is installed, in the engine's start,
+        """Start the processes and return once each can take jobs. Each imports torch, which
+        takes seconds, so the worker starts them when it is installed, in the engine's start,
         not at its first sample. A process that exits first, or takes longer than
         :data:`START_SECONDS`, is an error naming it."""
         if self._processes:

@@ -6,8 +6,8 @@ The generator hard-codes ``VLLM_BLOCK_SIZE = 16``. vLLM's CPU attention backend 
 smallest size the backend accepts. GPU backends accept 16, so on a GPU nothing changes.
 
 The sizes are read from the backend's source when they are a literal list, as in every release
-so far: importing the backend module took 270 of ``apply()``'s 416 ms, and vLLM imports it in
-its worker anyway. Any other shape falls back to importing it and asking.
+so far: importing the backend module would be most of ``apply()``'s time (docs/benchmarks.md),
+and vLLM imports it in its worker anyway. Any other shape falls back to importing it and asking.
 """
 
 from __future__ import annotations
