@@ -1,11 +1,15 @@
-"""``specshim.console.first_line``: how an error from elsewhere is quoted in one line."""
+"""``specshim.console``: progress through specshim's logger, written by the command line on
+stderr (or not, with ``--quiet``), and how an error from elsewhere is quoted in one line."""
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
 
 import pytest
 from pydantic import BaseModel, model_validator
 
-from specshim import console
+from specshim import cli, console
 
 
 class VllmConfig(BaseModel):
@@ -40,3 +44,44 @@ def test_a_field_refusal_names_the_field() -> None:
 def test_other_errors_are_their_first_line_or_their_type() -> None:
     assert console.first_line(RuntimeError("no room\nmore")) == "no room"
     assert console.first_line(KeyError()) == "KeyError"
+
+
+def test_progress_is_a_record_of_specshims_logger(caplog) -> None:
+    """A progress line is a ``logging`` record of the logger ``specshim`` at INFO, so that a
+    program using specshim silences or redirects it as any library's; what it is about leads,
+    without the "specshim" the format adds."""
+    with caplog.at_level(logging.INFO, logger="specshim"):
+        console.status("specshim train", "epoch 1/3")
+        console.status("specshim", "CPU (x86_64)")
+    said = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("specshim", logging.INFO, "train: epoch 1/3"),
+        ("specshim", logging.INFO, "CPU (x86_64)"),
+    ]
+
+
+@pytest.fixture
+def restored_logger() -> Iterator[None]:
+    """specshim's logger as it was after the test (the command line configures it)."""
+    logger = console.LOGGER
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers, logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+@pytest.mark.usefixtures("restored_logger")
+def test_the_command_line_writes_progress_on_stderr_unless_quiet(capsys) -> None:
+    """``specshim COMMAND`` writes specshim's records on stderr as ``specshim: text``, once
+    however often it is configured; ``--quiet`` (``-q``) keeps only warnings and errors;
+    a module's own logger (under ``specshim``) is written the same way; stdout stays the
+    command's."""
+    assert cli.main(["report", "--no-import"]) in (0, 1)
+    capsys.readouterr()
+    console.status("specshim run", "step 1/4")
+    logging.getLogger("specshim.runner.handoff").warning("a note")
+    assert capsys.readouterr() == ("", "specshim: run: step 1/4\nspecshim: a note\n")
+    assert cli.main(["report", "--no-import", "-q"]) in (0, 1)
+    capsys.readouterr()
+    console.status("specshim run", "step 1/4")
+    logging.getLogger("specshim.runner.handoff").warning("a note")
+    assert capsys.readouterr() == ("", "specshim: a note\n")

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from specshim import console
 from specshim.runner import distributed, files, out_lock
 from specshim.runner import handoff as handoffs
 
@@ -56,14 +57,18 @@ def _command(
     example: str,
 ) -> argparse.ArgumentParser:
     """A subcommand whose ``--help`` says what it does, shows its options' defaults
-    (:class:`DefaultsShown`) and ends with an example."""
-    return commands.add_parser(
+    (:class:`DefaultsShown`) and ends with an example; ``--quiet`` on every one."""
+    command = commands.add_parser(
         name,
         help=help_text,
         description=description,
         epilog=f"example:\n{example}",
         formatter_class=DefaultsShown,
     )
+    command.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress lines on stderr, only problems"
+    )
+    return command
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -710,6 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # `specshim` alone: what there is to run
         parser().print_help()
         return 0
+    console.configure(args.quiet)
     if args.command == "vocab" and args.target_vocab_size is None and args.model is None:
         parser().error("vocab needs --target-vocab-size or --model")
     with _sigterm_as_ctrl_c() as terminated:

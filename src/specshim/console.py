@@ -1,24 +1,55 @@
-"""Status lines on stderr, the one place in the library that prints them, and the one line
-an error from elsewhere (vLLM, torch, datasets) is quoted as.
+"""How specshim speaks besides a command's result: its progress and notes go through the
+logger ``specshim`` (``logging``), and an error from elsewhere (vLLM, torch, datasets) is quoted
+in one line.
 
-stdout belongs to the commands' own output (``cli.py`` and the built-in demo,
-``runner/pipeline.py``); what a user watches while vLLM starts or a model trains goes to
-stderr, flushed at once, as ``[label] text``.
+stdout belongs to the commands' results (``cli.py`` and the built-in demo,
+``runner/pipeline.py``). Everything else is a ``logging`` record of ``specshim`` or a logger
+under it, so that a program using specshim silences, filters or redirects it as it does any
+library's; the command line (:func:`configure`) writes them to stderr as ``specshim: text``.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
+
+#: specshim's own logger: every module's logger (``logging.getLogger(__name__)``) is under it.
+LOGGER = logging.getLogger("specshim")
+#: How the command line writes a record on stderr.
+FORMAT = "specshim: %(message)s"
+
 
 #: The head of a pydantic ``ValidationError`` (vLLM's configs): its first line says only how
 #: many errors, for which class; what is wrong follows, up to `` [type=``.
 VALIDATION_HEAD = re.compile(r"\d+ validation errors? for \w+")
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler that writes to ``sys.stderr`` as it is when the record comes (a redirect made
+    after :func:`configure`, a test's capture), flushed at once."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def configure(quiet: bool = False) -> None:
+    """Write specshim's records on stderr as ``specshim: text``: progress and notes (INFO) too,
+    or only warnings and errors when ``quiet``. The command line calls it once per command;
+    calling it again replaces what it set, never adds a second handler."""
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter(FORMAT))
+    LOGGER.handlers = [h for h in LOGGER.handlers if not isinstance(h, _Stderr)] + [handler]
+    LOGGER.setLevel(logging.WARNING if quiet else logging.INFO)
+    LOGGER.propagate = False  # the root logger's handlers, if any, would print it twice
+
+
 def status(label: str, text: str) -> None:
-    """Print ``[label] text`` on stderr now."""
-    print(f"[{label}] {text}", file=sys.stderr, flush=True)
+    """A progress line, at INFO on specshim's logger: ``text`` after what it is about, the
+    ``label`` without a leading "specshim" (the format says that): ``specshim: train: ...``."""
+    about = label.removeprefix("specshim").strip()
+    LOGGER.info("%s: %s" if about else "%s%s", about, text)
 
 
 def first_line(exc: BaseException) -> str:
