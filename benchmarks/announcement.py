@@ -1,5 +1,5 @@
 """What one sample's announcement costs on its way to vLLM's worker, as bytes (what
-:func:`specshim.runner.engine_feed.announcing` sends) against lists (what it sent before).
+:func:`specshim.runner.in_worker.protocol.announcing` sends) against lists (what it sent before).
 
 The engine and native backends announce each sample in its request's
 ``SamplingParams.extra_args``: the file, the row's token ids and loss mask. vLLM checks every
@@ -24,8 +24,7 @@ from common import save_results
 from vllm import SamplingParams
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-from specshim.runner.engine_feed import ANNOUNCED, announcing
-from specshim.runner.samples import Expected
+from specshim.runner.in_worker.protocol import ANNOUNCED, Expected, announcing
 
 TOKENS = (512, 2048, 8192)
 

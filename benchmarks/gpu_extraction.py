@@ -315,7 +315,7 @@ def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[st
 
     from specshim.runner.handoff import aligned
     from specshim.runner.host_ring import HostRing
-    from specshim.runner.samples import Expected
+    from specshim.runner.in_worker.protocol import Expected
     from specshim.runner.worker_writer import RING_BYTES, writers_from_environment
     from specshim.runner.writer_processes import WriteJob, WriterProcesses
 

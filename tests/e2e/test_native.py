@@ -144,7 +144,7 @@ from specshim import hardware
 if not torch.cuda.is_available():
     hardware.configure_cpu()
 from specshim.runner import dataset, native
-from specshim.runner.samples import Expected
+from specshim.runner.in_worker.protocol import Expected
 model, work = sys.argv[1], Path(sys.argv[2])
 prompts = [[5 + i, 6, 7, 8, 9 + i] * (i + 1) for i in range(6)]
 masks = [[(i + j) % 2 for j in range(len(p))] for i, p in enumerate(prompts)]

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specshim.runner import engine_feed
 from specshim.runner.engine_loop import KEPT, StepCapture
-from specshim.runner.samples import Expected
+from specshim.runner.in_worker import protocol
+from specshim.runner.in_worker.protocol import Expected
 from specshim.runner.worker_writer import WorkerFiles
 
 pytestmark = pytest.mark.vllm  # the real vLLM's request and sampling types
@@ -46,7 +46,7 @@ def fake_scheduler_output(
 
 def announced(tmp_path: Path, i: int, ids: list[int]) -> tuple[Expected, SamplingParams]:
     expected = Expected(str(tmp_path / f"data_{i}.pt"), ids, [1] * len(ids), f"line {i + 1}")
-    return expected, engine_feed.announcing(expected)
+    return expected, protocol.announcing(expected)
 
 
 def states(rows: int, start: int = 0) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from specshim.runner.engine_feed import EngineFeed
-from specshim.runner.samples import Expected
+from specshim.runner.in_worker.protocol import Expected
 
 pytestmark = pytest.mark.vllm  # the feed builds the real vLLM's requests
 
@@ -129,7 +129,7 @@ def test_an_announcement_reaches_the_worker_whole_through_vllms_own_copies() -> 
 
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    from specshim.runner.engine_feed import announcement, announcing
+    from specshim.runner.in_worker.protocol import announcement, announcing
 
     expected = Expected("/out/data_7.pt", [2**40, 0, 151_643, 5], [0, 1, 1, 0], "line 8")
     params = announcing(expected)

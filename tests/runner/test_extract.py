@@ -9,7 +9,7 @@ import pytest
 
 from specshim import cli
 from specshim.runner import dataset, extract, files
-from specshim.runner.samples import Expected
+from specshim.runner.in_worker.protocol import Expected
 
 torch = pytest.importorskip("torch")
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from specshim.runner import native
 from specshim.runner.engine_feed import EngineFeed
-from specshim.runner.samples import Expected
+from specshim.runner.in_worker import protocol
+from specshim.runner.in_worker.protocol import Expected
 
 
 class Connector:
@@ -42,7 +43,7 @@ def test_a_file_is_reported_once_the_connector_lets_go_of_its_lock(tmp_path) -> 
     files.writing(sample(tmp_path, 0, 4), first.path)
     files.writing(sample(tmp_path, 1, 4), second.path)
     assert files.finished() == []
-    first.done(native.WRITTEN)
+    first.done(protocol.WRITTEN)
     assert files.finished() == [(str(tmp_path / "data_0.pt"), None)]
     assert not Path(first.path + ".lock").exists()
     refused = "line 2, layer 3: states are all zero; refusing to write them"
@@ -73,12 +74,12 @@ def test_announcing_waits_for_the_oldest_files_while_too_many_states_wait(
     oldest, newer = Connector(tmp_path, "a"), Connector(tmp_path, "b")
     files.writing(sample(tmp_path, 0, 5), oldest.path)
     files.writing(sample(tmp_path, 1, 5), newer.path)
-    later = threading.Timer(0.3, oldest.done, args=(native.WRITTEN,))
+    later = threading.Timer(0.3, oldest.done, args=(protocol.WRITTEN,))
     later.start()
     files.expect([sample(tmp_path, 2, 5)])  # blocks until the timer writes the oldest
     assert not Path(oldest.path + ".lock").exists()  # settled by expect, not after it
     later.join()
     assert files.finished() == [(str(tmp_path / "data_0.pt"), None)]
-    newer.done(native.WRITTEN)
+    newer.done(protocol.WRITTEN)
     assert files.take_for([sample(tmp_path, 2, 5).input_ids]) == [sample(tmp_path, 2, 5)]
     assert files.finished(wait=True) == [(str(tmp_path / "data_1.pt"), None)]

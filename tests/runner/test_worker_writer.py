@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specshim.runner.samples import Expected
+from specshim.runner.in_worker.protocol import Expected
 from specshim.runner.worker_writer import WRITERS_VARIABLE, WorkerFiles
 
 

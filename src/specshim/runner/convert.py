@@ -13,17 +13,13 @@ The same samples in two layouts:
   i ``hidden_states/hs_{i}.safetensors`` holding ``hidden_states`` (``[seq, layers,
   hidden]``) and ``token_ids`` (``[seq]``, the row's ids); ``token_freq.pt`` beside it.
 
-Layer ids. The two generations number the same tensor differently. speculators 0.3/0.4's
-generator id k is the residual stream *after* decoder layer k (transformers'
-``hidden_states[k + 1]``). vLLM's ``extract_hidden_states`` path, which >= 0.5 drives, numbers
-like vLLM's ``eagle_aux_hidden_state_layer_ids``: id k is the stream *entering* layer k (layer
-``k - 1``'s output, vllm/model_executor/models/llama.py), so **vLLM id = generator id + 1**,
-and the generator's last layer ``n - 1`` is vLLM's ``n`` (the last layer speculators'
-launch_vllm.py appends). Both store the layers in the same order (the auxiliary layers, then
-the last one, which both trainers take as the verifier's last hidden state), so a conversion
-moves every tensor unchanged, bit for bit, and renumbers only the ids. speculators >= 0.5
-then trains on the converted data with ``--target-layer-ids`` set to the vLLM ids without
-the last one.
+Layer ids. The two generations number the same tensor differently: >= 0.5 takes vLLM's
+numbering (:mod:`specshim.runner.layer_ids`), so the generator's last layer ``n - 1`` is vLLM's
+``n`` (the last layer speculators' launch_vllm.py appends). Both store the layers in the same order
+(the auxiliary layers, then the last one, which both trainers take as the verifier's last hidden
+state), so a conversion moves every tensor unchanged, bit for bit, and renumbers only the ids.
+speculators >= 0.5 then trains on the converted data with ``--target-layer-ids`` set to the vLLM ids
+without the last one.
 
 Where the ids come from: a 0.3/0.4 folder names them in ``data_config.json``; a >= 0.5
 folder does not record them, except one written by this module, whose ``specshim_convert.json``
@@ -61,7 +57,7 @@ from typing import Any
 from specshim import console
 from specshim.runner import files, out_lock, stored
 from specshim.runner.dataset import record as sample_record
-from specshim.runner.layer_ids import ascending, generator_ids, vllm_ids
+from specshim.runner.layer_ids import ascending, generator_ids, typed, vllm_ids
 from specshim.runner.progress import Progress
 
 LEGACY = "speculators 0.3/0.4"
@@ -184,7 +180,9 @@ def _given_ids(
     if recorded is not None:
         recorded = ascending(recorded, str(where))
     if recorded is not None and given is not None and recorded != given:
-        raise ConversionError(f"--layers {given} differs from the ids {where} records: {recorded}")
+        raise ConversionError(
+            f"--layers {typed(given)} differs from the ids {where} records: {typed(recorded)}"
+        )
     ids = recorded if recorded is not None else given
     if ids is None:
         raise ConversionError(

@@ -3,53 +3,18 @@
 Used by the backends that run vLLM's own ``LLM`` and have vLLM's worker write each announced
 sample's file: the engine backend (:mod:`specshim.runner.engine_loop`) and the native backend
 where specshim's connector writes (:mod:`specshim.runner.native`). Each prompt is one request,
-its ``SamplingParams`` carrying the sample's announcement to vLLM's worker (:func:`announcing`),
-where the engine backend's capture or specshim's connector reads it (:func:`announcement`).
+its ``SamplingParams`` carrying the sample's announcement to vLLM's worker
+(:mod:`specshim.runner.in_worker.protocol`), where the engine backend's capture or specshim's
+connector reads it.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable
 from typing import Any
 
-from specshim.runner.samples import Expected, misaligned
-
-#: The ``SamplingParams.extra_args`` key of a sample's announcement: its file, its row's token
-#: ids and loss mask, and where it came from (for messages). The worker refuses a prompt run
-#: with other ids before it writes anything. Not under ``kv_transfer_params``: vLLM warns for
-#: each such request where no connector runs (the engine backend).
-ANNOUNCED = "specshim_sample"
-
-
-def announcing(expected: Expected) -> Any:
-    """One prefill whose request carries ``expected`` to vLLM's worker (specshim's connector,
-    or the engine backend's capture: :func:`announcement`).
-
-    The ids and the mask travel as bytes: vLLM checks every integer of ``extra_args``,
-    deep-copies each request's ``SamplingParams`` and serializes it twice on its way to the
-    worker, a Python step per integer, on the caller's thread that also steps the engine
-    (``benchmarks/announcement.py`` compares the two)."""
-    from vllm import SamplingParams
-
-    said = {
-        "file": expected.path,
-        "input_ids": array("q", expected.input_ids).tobytes(),
-        "loss_mask": bytes(expected.loss_mask),  # 0 or 1 each (dataset checks it)
-        "where": expected.where,
-    }
-    return SamplingParams(max_tokens=1, extra_args={ANNOUNCED: said})
-
-
-def announcement(sampling_params: Any) -> Expected | None:
-    """What :func:`announcing` put in a request's ``sampling_params``, or None."""
-    said = (getattr(sampling_params, "extra_args", None) or {}).get(ANNOUNCED)
-    if said is None:
-        return None
-    ids = array("q")
-    ids.frombytes(said["input_ids"])
-    return Expected(said["file"], ids.tolist(), list(said["loss_mask"]), said["where"])
-
+from specshim.runner.in_worker.protocol import Expected, announcing
+from specshim.runner.samples import misaligned
 
 #: Tokens the feed keeps in vLLM's engine, in steps of its ``max_num_batched_tokens``: enough
 #: that the scheduler has a full next step while the caller records files and sends more. They

@@ -15,7 +15,7 @@ hand-off does:
   writer the ``worker`` hand-off uses (:class:`specshim.runner.worker_writer.WorkerFiles`:
   page-locked copies on a side stream, checks, ``data_{i}.pt`` written atomically);
 - the caller announces each sample in its request's ``SamplingParams``
-  (:func:`specshim.runner.engine_feed.announcing`, as the native backend does) and records the
+  (:mod:`specshim.runner.in_worker.protocol`, as the native backend does) and records the
   files the worker reports in place (:class:`EngineFiles`), as with the other worker writes.
 
 Requests not announced (``extract --verify``'s) have their states kept in the worker and
@@ -41,7 +41,15 @@ from typing import Any
 from specshim.adapters.worker.worker_batch_order_v2 import STEP
 from specshim.runner import engine_feed, native
 from specshim.runner.engine_feed import EngineFeed
-from specshim.runner.samples import Expected, misaligned
+from specshim.runner.in_worker.protocol import (
+    Announcements,
+    Expected,
+    Report,
+    announcement,
+    columnless,
+    rank0,
+)
+from specshim.runner.samples import misaligned
 from specshim.runner.worker_writer import WorkerFiles
 
 #: ``extra_args`` key of a request whose states the worker keeps for the caller (not announced).
@@ -91,7 +99,7 @@ def _prompt(new_request: Any) -> _Prompt | None:
     """What to capture for a newly scheduled request: an announced sample, a kept one, or
     None for a request specshim did not send."""
     params = new_request.sampling_params
-    expected = engine_feed.announcement(params)  # the row's ids: checked against vLLM's
+    expected = announcement(params)  # the row's ids: checked against vLLM's
     tag = ((params.extra_args if params else None) or {}).get(KEPT)
     if expected is None and tag is None:
         return None
@@ -209,7 +217,7 @@ class StepCapture:
         prompt.rewind(start)
         self.recomputed += 1
 
-    def finished(self, wait: bool) -> list[tuple[str, str | None]]:
+    def finished(self, wait: bool) -> list[Report]:
         """:meth:`WorkerFiles.finished`; with ``wait``, a prompt never completed is an error."""
         if wait and (open_ := [p for p in self.prompts.values() if p.expected is not None]):
             first = open_[0]
@@ -238,12 +246,7 @@ def _starts(scheduler_output: Any) -> dict[str, int]:
     return starts
 
 
-def _rank0(replies: list[Any]) -> Any:
-    """The reply of the worker that captures (the others answer None)."""
-    return next((r for r in replies if r is not None), None)
-
-
-class EngineFiles(native.Announcements):
+class EngineFiles(Announcements):
     """The caller's handle on the worker's writes: announce, then collect finished files."""
 
     def __init__(self, llm: Any, feed: EngineFeed) -> None:
@@ -251,13 +254,13 @@ class EngineFiles(native.Announcements):
         self.llm = llm
         self.feed = feed
 
-    def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
+    def finished(self, wait: bool = False) -> list[Report]:
         """The files the worker finished since the last call (each with the problem that kept
         it from being written, None: in place); with ``wait``, once every one is (every
         request sent has run first)."""
         if wait:
             self.feed.drain()
-        return _rank0(self.llm.collective_rpc("specshim_engine_finished", args=(wait,))) or []
+        return rank0(self.llm.collective_rpc("specshim_engine_finished", args=(wait,))) or []
 
 
 class EngineGenerator(native.LLMGenerator):
@@ -276,15 +279,7 @@ class EngineGenerator(native.LLMGenerator):
         steps: dict[str, int] | None = None,
         trust_remote_code: bool = False,
     ) -> None:
-        options: dict[str, Any] = {
-            "model": model,
-            "max_model_len": max_model_len,
-            "tensor_parallel_size": tensor_parallel_size,
-            "enable_prefix_caching": False,  # every token's states must be computed
-            "enforce_eager": True,  # speculators' forward is Python, run as its generator runs it
-            "gpu_memory_utilization": 0.8,
-            "worker_extension_cls": WORKER_EXTENSION,
-        }
+        options = native.llm_options(model, max_model_len, tensor_parallel_size, WORKER_EXTENSION)
         # steps: max_num_seqs, max_num_batched_tokens
         super().__init__(model, layer_ids, max_model_len, tensor_parallel_size,
                          options | (steps or {}), trust_remote_code)  # fmt: skip
@@ -298,7 +293,7 @@ class EngineGenerator(native.LLMGenerator):
     def recomputed(self) -> int:
         """How many prompts vLLM preempted part-way, for KV cache room, and computed again
         (:attr:`StepCapture.recomputed`)."""
-        state = _rank0(self.llm.collective_rpc("specshim_engine_state"))
+        state = rank0(self.llm.collective_rpc("specshim_engine_state"))
         return int(state["recomputed"]) if state else 0
 
     def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
@@ -313,7 +308,7 @@ class EngineGenerator(native.LLMGenerator):
         cut = self.cut(token_ids)
         if announced := self.files.take_for(cut):
             self.feed.add(cut, announced)
-            return [native.columnless(ids, len(self.layer_ids)) for ids in cut]
+            return [columnless(ids, len(self.layer_ids)) for ids in cut]
         self.feed.drain()  # LLM.generate runs the engine until idle: none of the feed's left
         self._calls += 1
         tags = [f"{self._calls}_{i}" for i in range(len(cut))]
@@ -321,7 +316,7 @@ class EngineGenerator(native.LLMGenerator):
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         ran = [list(output.prompt_token_ids or []) for output in outputs]
-        saved = _rank0(self.llm.collective_rpc("specshim_engine_kept", args=(tags,)))
+        saved = rank0(self.llm.collective_rpc("specshim_engine_kept", args=(tags,)))
         kept = torch.load(io.BytesIO(saved), weights_only=True)
         return [
             {"input_ids": torch.tensor(ids, dtype=torch.long), "hidden_states": states}

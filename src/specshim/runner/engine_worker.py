@@ -13,6 +13,7 @@ from typing import Any
 from speculators.data_generation.custom_worker import HiddenStatesWorkerExtension
 
 from specshim.runner.engine_loop import StepCapture
+from specshim.runner.in_worker.protocol import Report
 from specshim.runner.worker_writer import WorkerFiles, on_cuda
 
 
@@ -43,7 +44,7 @@ class EngineCapture(HiddenStatesWorkerExtension):  # type: ignore[misc]  # specu
         self._specshim_capture = capture
         return True
 
-    def specshim_engine_finished(self, wait: bool) -> list[tuple[str, str | None]] | None:
+    def specshim_engine_finished(self, wait: bool) -> list[Report] | None:
         """The files written since the last call (rank 0; None elsewhere)."""
         capture: StepCapture | None = getattr(self, "_specshim_capture", None)
         return None if capture is None else capture.finished(wait)

@@ -1,14 +1,11 @@
 """Export a trained draft in the form vLLM serves for EAGLE-3, with consistent layer ids.
 
-speculators' legacy generator and vLLM's EAGLE-3 serving number layers differently. The
-generator's layer id k captures the residual stream *after* decoder layer k (transformers'
-``hidden_states[k + 1]``); vLLM's ``eagle_aux_hidden_state_layer_ids`` entry k collects the
-stream *entering* layer k (``hidden_states[k]``: vllm/model_executor/models/llama.py records
-layer ``idx``'s output under id ``idx + 1``). A draft trained on generator ids [a, b, c] must
-therefore be served with [a + 1, b + 1, c + 1], or it reads every feature one layer early.
-speculators' checkpoints leave the ids unset, and vLLM's fallback ``(2, n // 2, n - 3)``
-neither matches the generator's default ``[2, n // 2, n - 3, n - 1]`` nor fits small models
-(it de-duplicates to fewer than three layers and the draft's input projection fails).
+speculators' legacy generator and vLLM's EAGLE-3 serving number layers differently
+(:mod:`specshim.runner.layer_ids`): a draft trained on generator ids is served with their vLLM
+ids, or it reads every feature one layer early. speculators' checkpoints leave the ids unset, and
+vLLM's fallback ``(2, n // 2, n - 3)`` neither matches the generator's default ``[2, n // 2, n - 3,
+n - 1]`` nor fits small models (it de-duplicates to fewer than three layers and the draft's input
+projection fails).
 
 The export writes the ids from the extraction's ``data_config.json`` (its last id is the
 training target, not an input), records both conventions under ``specshim`` in the config, and
@@ -21,7 +18,7 @@ import json
 from pathlib import Path
 
 from specshim.runner import files, train
-from specshim.runner.layer_ids import ascending
+from specshim.runner.layer_ids import ascending, vllm_ids
 
 #: Tensors of speculators' checkpoint that vLLM's Eagle3LlamaForCausalLM has no place for.
 NOT_SERVED = ("verifier_lm_head.", "verifier_norm.", "t2d")
@@ -47,7 +44,7 @@ def serving_layer_ids(generator_ids: list[int], shift: int = 1) -> list[int]:
             f"expected {train.AUX_LAYERS} auxiliary layer ids plus the target layer, "
             f"got {generator_ids}"
         )
-    return [k + shift for k in generator_ids[:-1]]
+    return vllm_ids(generator_ids[:-1], shift)
 
 
 def latest_checkpoint(draft: Path) -> Path:

@@ -43,9 +43,10 @@ from typing import Any
 from specshim import console
 from specshim.runner import dataset, engine_loop, files, native, remote_code, worker_writer
 from specshim.runner import handoff as handoffs
+from specshim.runner.in_worker.protocol import Expected, Report
 from specshim.runner.layer_ids import ascending
 from specshim.runner.progress import Progress
-from specshim.runner.samples import Expected, sample_problem
+from specshim.runner.samples import sample_problem
 
 MANIFEST = "specshim_extract.json"
 LEDGER = "specshim_extract_done.jsonl"
@@ -785,7 +786,7 @@ class _WorkerWrites:
             self._unasked = 0
             self.record(self.client.finished())
 
-    def record(self, finished: list[tuple[str, str | None]], failed_ok: bool = False) -> None:
+    def record(self, finished: list[Report], failed_ok: bool = False) -> None:
         """Record each file the worker put in place, then raise its first problem as this
         run's error (with ``failed_ok``, on the way out of a run already failing, passed
         over): the files finished beside a refused sample are kept for the rerun."""

@@ -30,9 +30,15 @@ def ascending(ids: list[int], what: str) -> list[int]:
     return sorted(ids)
 
 
-def vllm_ids(generator_ids: list[int]) -> list[int]:
-    """vLLM's ids for speculators 0.3/0.4's ``generator_ids`` (the same tensors)."""
-    return [k + 1 for k in generator_ids]
+def typed(ids: list[int]) -> str:
+    """``ids`` as ``--layers`` takes them: ``3,16,30``."""
+    return ",".join(map(str, ids))
+
+
+def vllm_ids(generator_ids: list[int], shift: int = 1) -> list[int]:
+    """vLLM's ids for speculators 0.3/0.4's ``generator_ids`` (the same tensors); a ``shift``
+    other than 1 numbers them wrongly on purpose (``eval --layer-shift``, for comparisons)."""
+    return [k + shift for k in generator_ids]
 
 
 def generator_ids(vllm: list[int]) -> list[int]:

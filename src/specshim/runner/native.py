@@ -46,8 +46,8 @@ from typing import Any
 from specshim import console
 from specshim.runner import engine_feed, files, remote_code
 from specshim.runner.engine_feed import EngineFeed
+from specshim.runner.in_worker.protocol import WRITTEN, Announcements, Expected, Report, columnless
 from specshim.runner.layer_ids import vllm_ids
-from specshim.runner.samples import Expected
 
 #: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
 #: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18),
@@ -63,9 +63,6 @@ OWN_CONNECTOR = ("specshim.runner.native_connector", "SpecshimHiddenStatesConnec
 #: States (bytes) that may wait in vLLM's host memory for its connector's writer threads
 #: (:class:`NativeFiles`); beyond that, announcing waits for the oldest files.
 PENDING_BYTES = 4 << 30
-#: What the connector writes in a request's lock file once the sample's file is in place (else
-#: the problem that kept it from being written).
-WRITTEN = "written"
 #: What :func:`writes_in_worker` needs in vLLM's connector module: the write step the subclass
 #: replaces, called through the instance, and the scheduler's file names it reads.
 OWN_CONNECTOR_NEEDS = (
@@ -181,6 +178,24 @@ def _connector_refuses_chunked_prefill() -> bool:
     return CHUNKED_PREFILL_REFUSAL in (kit.module_source(VLLM_CONFIG) or "")
 
 
+def llm_options(
+    model: str, max_model_len: int, tensor_parallel_size: int, worker_extension_cls: str
+) -> dict[str, Any]:
+    """``LLM(...)``'s arguments shared by the backends that run vLLM's ``LLM``, vLLM set up as
+    speculators' generator sets it up: eager (speculators' forward is Python), no prefix
+    caching (every token's states must be computed), a memory fraction of 0.8; the worker
+    mixes in ``worker_extension_cls``."""
+    return {
+        "model": model,
+        "max_model_len": max_model_len,
+        "tensor_parallel_size": tensor_parallel_size,
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.8,
+        "worker_extension_cls": worker_extension_cls,
+    }
+
+
 def engine_options(
     model: str,
     layer_ids: list[int],
@@ -191,23 +206,17 @@ def engine_options(
 ) -> dict[str, Any]:
     """``LLM(...)``'s arguments for the native path: ``layer_ids`` in speculators 0.3/0.4's
     numbering, the connector's files under ``work`` (specshim's connector with
-    ``own_connector``), vLLM set up as speculators' generator sets it up (eager, no prefix
-    caching, a memory fraction of 0.8)."""
+    ``own_connector``), vLLM set up by :func:`llm_options`."""
     module, name = OWN_CONNECTOR
     connector = (
         {"kv_connector": name, "kv_connector_module_path": module}
         if own_connector
         else {"kv_connector": "ExampleHiddenStatesConnector"}
     )
+    extension = f"{__name__}.CpuConnectorExtension"
     return {
-        "model": model,
-        "max_model_len": max_model_len,
-        "tensor_parallel_size": tensor_parallel_size,
-        "enable_prefix_caching": False,
-        "enforce_eager": True,
-        "gpu_memory_utilization": 0.8,
+        **llm_options(model, max_model_len, tensor_parallel_size, extension),
         **({"enable_chunked_prefill": False} if _connector_refuses_chunked_prefill() else {}),
-        "worker_extension_cls": f"{__name__}.CpuConnectorExtension",
         "speculative_config": {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
@@ -232,43 +241,6 @@ class _Writing:
     lock: str
 
 
-class Announcements:
-    """The samples the caller announced for the next ``generate``, in input order: what
-    vLLM's worker is to write, carried to it in each request's ``SamplingParams``
-    (:func:`announcing`)."""
-
-    def __init__(self) -> None:
-        self._queue: collections.deque[Expected] = collections.deque()
-
-    def expect(self, batch: list[Expected]) -> None:
-        """The next ``generate`` is for ``batch``, in input order."""
-        self._queue.extend(batch)
-
-    def take_for(self, prompts: list[list[int]]) -> list[Expected]:
-        """The announcements for ``prompts``, the next ``generate``'s (none if nothing is
-        announced); announcements that are not those prompts, in order, are an error (each
-        file would get another prompt's states)."""
-        if not self._queue:
-            return []
-        taken = list(self._queue)
-        self._queue.clear()
-        if [e.input_ids for e in taken] != prompts:
-            raise RuntimeError(
-                f"{len(taken)} samples announced are not the {len(prompts)} prompts generate "
-                "was given, in order (each file would get another prompt's states)"
-            )
-        return taken
-
-
-def columnless(token_ids: list[int], layers: int) -> dict[str, Any]:
-    """An announced request's record: its token ids, and per layer ``[tokens, 0]`` states
-    (vLLM's worker writes the states)."""
-    import torch
-
-    ids = torch.tensor(token_ids, dtype=torch.long)
-    return {"input_ids": ids, "hidden_states": [torch.empty((len(ids), 0))] * layers}
-
-
 class NativeFiles(Announcements):
     """The caller's side of specshim's connector: announce samples before the ``generate``
     that extracts them, collect the files the worker finished (the interface of
@@ -285,7 +257,7 @@ class NativeFiles(Announcements):
         self.bytes_per_token = bytes_per_token
         self.feed = feed
         self._writing: collections.deque[_Writing] = collections.deque()
-        self._done: list[tuple[str, str | None]] = []
+        self._done: list[Report] = []
 
     def _bytes(self, samples: Iterable[Expected]) -> int:
         return sum(len(e.input_ids) for e in samples) * self.bytes_per_token
@@ -304,7 +276,7 @@ class NativeFiles(Announcements):
         """vLLM's worker is writing ``expected``; ``path`` is the connector's name for it."""
         self._writing.append(_Writing(expected, path + ".lock"))
 
-    def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
+    def finished(self, wait: bool = False) -> list[Report]:
         """The files finished since the last call, each with the problem that kept it from
         being written (None: in place); with ``wait``, once every announced file is (every
         request sent has run first)."""
@@ -321,7 +293,7 @@ class NativeFiles(Announcements):
         return done
 
 
-def _settled(writing: _Writing, wait: bool) -> tuple[str, str | None] | None:
+def _settled(writing: _Writing, wait: bool) -> Report | None:
     """The file and the problem that kept it from being written (None: in place) once the
     connector is done with ``writing`` (its lock file is then removed), else None; ``wait``:
     block until it is done."""

@@ -7,14 +7,15 @@ write again as speculators' ``data_{i}.pt``.
 
 This subclass, loaded by vLLM through ``kv_connector_module_path`` (so only in vLLM's
 processes), changes one step: for a request the caller announced in its sampling
-parameters' ``extra_args`` (:data:`specshim.runner.engine_feed.ANNOUNCED`: the sample's file, its
+parameters' ``extra_args`` (:mod:`specshim.runner.in_worker.protocol`: the sample's file, its
 row's token ids and loss mask, where it came from), the writer thread checks the token ids
 vLLM ran against the row's and the states, and writes that file
 atomically, in the format and with the tensors the caller's path writes
 (:func:`specshim.runner.dataset.record`); then it says in the request's lock file what it did
-(:data:`specshim.runner.native.WRITTEN`, or the problem in one line) and releases the lock, on
-which the caller waits. Requests not announced (``extract --verify``'s) get vLLM's safetensors
-file as before. speculators 0.9's FP8 connector overrides the same step (``_write_tensors``).
+(:data:`specshim.runner.in_worker.protocol.WRITTEN`, or the problem in one line) and releases the
+lock, on which the caller waits. Requests not announced (``extract --verify``'s) get vLLM's
+safetensors file as before. speculators 0.9's FP8 connector overrides the same step
+(``_write_tensors``).
 
 What it relies on, read from vLLM 0.22.1 and 0.25.1 to 0.32.0 (:func:`specshim.runner.native.
 writes_in_worker` checks the installed source before choosing it): ``_write_tensors(tensors,
@@ -37,9 +38,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
 from specshim import console
-from specshim.runner import dataset, engine_feed, files, native
+from specshim.runner import dataset, files, native
+from specshim.runner.in_worker.protocol import WRITTEN, Expected, announcement
 from specshim.runner.layer_ids import generator_ids
-from specshim.runner.samples import Expected, misaligned, sample_problem
+from specshim.runner.samples import misaligned, sample_problem
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
         meta.specshim_files = {  # type: ignore[attr-defined]  # pickled with the rest
             self._request_filenames[new.req_id]: said
             for new in scheduler_output.scheduled_new_reqs
-            if (said := engine_feed.announcement(new.sampling_params)) is not None
+            if (said := announcement(new.sampling_params)) is not None
         }
         return meta
 
@@ -100,7 +102,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
             os.close(lock_fd)  # releases the lock the caller waits on
 
     def _write_sample(self, tensors: dict[str, Any], said: Expected) -> str:
-        """Check one sample's states and write its file; :data:`native.WRITTEN` or the
+        """Check one sample's states and write its file; :data:`WRITTEN` or the
         problem that kept it from being written."""
         token_ids = tensors["token_ids"]
         states = native.per_layer(tensors["hidden_states"])
@@ -114,4 +116,4 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
         if problem := sample_problem(said.where, self._specshim_layers, states, len(token_ids)):
             return problem
         files.save_torch(Path(said.path), dataset.record(token_ids, states, said.loss_mask))
-        return native.WRITTEN
+        return WRITTEN

@@ -1,4 +1,4 @@
-"""One announced sample, and what keeps a sample's states from being written.
+"""What keeps a sample's states from being written: the checks every writer makes.
 
 Shared by every path that writes ``data_{i}.pt`` files: ``extract``'s own writer, the worker
 writer (:mod:`specshim.runner.worker_writer`) and its writer processes
@@ -9,18 +9,7 @@ only inside the checks): a writer process imports it before anything else.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
-
-
-@dataclass(frozen=True)
-class Expected:
-    """One announced sample: where its file goes and what it is made of."""
-
-    path: str
-    input_ids: list[int]
-    loss_mask: list[int]
-    where: str  # "line 7 (data_6.pt)", for messages
 
 
 def misaligned(where: str, ran: list[int], row: list[int]) -> str | None:

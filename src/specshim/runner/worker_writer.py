@@ -51,7 +51,7 @@ from typing import Any
 from specshim.runner import files
 from specshim.runner.handoff import aligned, each_tensor
 from specshim.runner.host_ring import HostRing
-from specshim.runner.samples import Expected
+from specshim.runner.in_worker.protocol import Expected, Report, columnless_like, rank0
 from specshim.runner.writer_processes import WRITER_PROCESSES, WriteJob, WriterProcesses, Written
 
 #: The worker attribute holding its :class:`WorkerFiles`.
@@ -136,7 +136,7 @@ class WorkerFiles:
     )
     _queue: collections.deque[Expected] = field(default_factory=collections.deque)
     _copying: collections.deque[_Copying] = field(default_factory=collections.deque)
-    _done: list[tuple[str, str | None]] = field(default_factory=list)
+    _done: list[Report] = field(default_factory=list)
     _failed: bool = False
     _ring: HostRing = field(default_factory=HostRing)
     _stream: Any = None
@@ -206,7 +206,7 @@ class WorkerFiles:
         with self._clock("split"):
             batch, per_sample = self.split(states)
         self.write(batch, per_sample)
-        return each_tensor(states, _columnless)
+        return each_tensor(states, columnless_like)
 
     def write(self, batch: list[Expected], per_sample: list[list[Any]]) -> None:
         """Copy ``batch``'s per-layer states (on the device) into the ring, and hand each
@@ -372,7 +372,7 @@ class WorkerFiles:
                 "pinned": self.pinned, "writers": self.writers, "ring_bytes": self._ring.size,
                 "seconds": seconds}  # fmt: skip
 
-    def finished(self, wait: bool) -> list[tuple[str, str | None]]:
+    def finished(self, wait: bool) -> list[Report]:
         """The files finished since the last call, each with the problem that kept it from
         being written (None: in place); with ``wait``, once every file handed over is, and
         every announced sample was fetched."""
@@ -397,13 +397,6 @@ def _close(processes: WriterProcesses, ring: HostRing) -> None:
     is given back."""
     processes.close()
     ring.release()
-
-
-def _columnless(tensor: Any) -> Any:
-    """An empty ``[rows, 0]`` host tensor of ``tensor``'s dtype: what the generator receives."""
-    import torch
-
-    return torch.empty((tensor.shape[0], 0), dtype=tensor.dtype)
 
 
 # ---- run in the worker through collective_rpc ----------------------------------------------
@@ -434,7 +427,7 @@ def _expect(worker: Any, batch: list[Expected]) -> None:
         writer.expect(batch)
 
 
-def _finished(worker: Any, wait: bool) -> list[tuple[str, str | None]] | None:
+def _finished(worker: Any, wait: bool) -> list[Report] | None:
     writer = getattr(worker, _STATE, None)
     return None if writer is None else writer.finished(wait)
 
@@ -450,11 +443,6 @@ def state(worker: Any) -> dict[str, Any] | None:
 # ---- the caller's side -----------------------------------------------------------------------
 
 
-def _rank0(replies: list[Any]) -> Any:
-    """The reply of the one worker that has the hand-off (the others answer None)."""
-    return next((r for r in replies if r is not None), None)
-
-
 class WorkerFilesClient:
     """The caller's handle on the worker's writer: announce batches, collect finished files."""
 
@@ -467,6 +455,6 @@ class WorkerFilesClient:
         """Announce ``batch`` to the worker, before the ``generate`` that extracts it."""
         self.generator.executor.collective_rpc(_expect, args=(batch,))
 
-    def finished(self, wait: bool = False) -> list[tuple[str, str | None]]:
+    def finished(self, wait: bool = False) -> list[Report]:
         """:meth:`WorkerFiles.finished` of the worker that writes."""
-        return _rank0(self.generator.executor.collective_rpc(_finished, args=(wait,))) or []
+        return rank0(self.generator.executor.collective_rpc(_finished, args=(wait,))) or []

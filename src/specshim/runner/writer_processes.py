@@ -40,7 +40,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from specshim.runner import dataset, files
-from specshim.runner.samples import Expected, sample_problem
+from specshim.runner.in_worker.protocol import Expected
+from specshim.runner.samples import sample_problem
 
 #: Processes a worker starts: half the machine's cores, from one to eight.
 WRITER_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
