@@ -6,6 +6,7 @@ there are where speculators' own rule repeats an id.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -266,7 +267,11 @@ def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> Non
     for name in ("data_config.json", "sample_lengths.json", "token_freq.pt"):
         (out / name).unlink()
     write_rows(dataset, good[:18])  # three rows removed: data_18..20 must not stay
-    third = extract_cmd(four_layers, dataset, out, "--skip-bad")
+    # damaged files no longer hold what specshim wrote: replaced only when the user says so
+    refused = extract_cmd(four_layers, dataset, out, "--skip-bad")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == refusal_of(out, "data_5.pt, data_6.pt")
+    third = extract_cmd(four_layers, dataset, out, "--skip-bad", "--overwrite")
     assert third.returncode == 0, third.stderr[-3000:]
     assert "samples: 18 (2 extracted, 16 already done)" in third.stdout
     assert "removed data_i.pt beyond the current samples: 3" in third.stdout
@@ -275,6 +280,7 @@ def test_resume_follows_the_rows_not_the_positions(four_layers, tmp_path) -> Non
     fourth = extract_cmd(four_layers, dataset, out, "--skip-bad")  # nothing to do: no vLLM
     assert fourth.returncode == 0, fourth.stderr[-3000:]
     assert "samples: 18 (0 extracted, 18 already done)" in fourth.stdout
+    assert "throughput: none, nothing was left to extract" in fourth.stdout.splitlines()
     assert "Loading safetensors" not in fourth.stderr
 
 
@@ -403,6 +409,21 @@ def test_files_specshim_did_not_write_are_kept_unless_overwrite(four_layers, tmp
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "samples: 3 (1 extracted, 2 already done)" in resumed.stdout
     assert_files_match(out, good)
+
+    # A ledger line and a claim naming the user's own sample file do not make it specshim's:
+    # only a file holding what was recorded for it is (a stale or planted line names others).
+    mine = {"input_ids": torch.tensor([1, 2]), "loss_mask": torch.tensor([1, 1])}
+    torch.save(mine, out / "data_77.pt")
+    entry = files.Ledger(out / extract.LEDGER).entries()["data_2.pt"]
+    with (out / extract.LEDGER).open("a") as f:
+        f.write(json.dumps({**dataclasses.asdict(entry), "file": "data_77.pt"}) + "\n")
+    manifest = json.loads((out / extract.MANIFEST).read_text())
+    files.save_json(out / extract.MANIFEST, {**manifest, extract.CLAIMED: 100})
+    before = (out / "data_77.pt").read_bytes()
+    refused = extract_cmd(four_layers, dataset, out)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == refusal_of(out, "data_77.pt")
+    assert (out / "data_77.pt").read_bytes() == before
 
 
 def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_command(

@@ -3,6 +3,7 @@ the guards on each sample's states (real files, real torch, real tiny model fold
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,21 @@ def test_same_data_by_absolute_and_relative_path_is_the_same_setting(tmp_path, m
         extract._check_manifest(tmp_path, extract._settings("m", Path("other.jsonl"), [1, 2], 64))
 
 
+def test_other_settings_are_named_as_the_user_types_them(capsys, four_layers, tmp_path) -> None:
+    """One line naming each option that differs, its value as typed (no Python repr)."""
+    out, data = tmp_path / "out", tmp_path / "d.jsonl"
+    files.save_json(
+        out / extract.MANIFEST, extract._settings(str(four_layers), data, [0, 1, 2, 3], 64)
+    )
+    code, err = run_cli(capsys, "--model", str(four_layers), "--data", str(data), "--out", str(out),
+                        "--layers", "3,1,2", "--max-model-len", "128")  # fmt: skip
+    assert code == 1 and err == [
+        f"specshim extract: --out {out} holds an extraction with other settings: --layers "
+        "1,2,3 (it holds 0,1,2,3); --max-model-len 128 (it holds 64); use a new --out "
+        "directory or the same settings to resume"
+    ]
+
+
 # Resume: what is kept and what is extracted again.
 
 
@@ -119,7 +135,11 @@ def written(out: Path, samples: list[dataset.Sample], prints: list[str]) -> None
     """Write and record each sample's file as a run does."""
     with files.BackgroundWriter(ledger=files.Ledger(out / extract.LEDGER)) as writer:
         for s, p in zip(samples, prints, strict=True):
-            writer.submit(out / extract.sample_file(s), {"input_ids": torch.tensor(s.input_ids)}, p)
+            record = {
+                "input_ids": torch.tensor(s.input_ids),
+                "loss_mask": torch.tensor(s.loss_mask),
+            }
+            writer.submit(out / extract.sample_file(s), record, p)
 
 
 def fingerprints(samples: list[dataset.Sample]) -> list[str]:
@@ -181,9 +201,42 @@ def test_files_no_run_wrote_are_named_and_the_folder_s_own_are_not(tmp_path) -> 
     work = extract.plan(tmp_path, samples, fingerprints(samples))
     everything = ["data_2.pt", "data_7.pt", "token_freq.pt", ".data_2.pt.k3j4h5g6.tmp",
                   ".mine.tmp"]  # fmt: skip
-    assert extract.not_written_here(tmp_path, work, claimed=0) == everything
+    assert extract.not_written_here(tmp_path, work, 0, SETTINGS) == everything
     files.save_json(tmp_path / extract.MANIFEST, {extract.CLAIMED: 3})  # a run started here
-    assert extract.not_written_here(tmp_path, work, claimed=3) == ["data_7.pt", ".mine.tmp"]
+    assert extract.not_written_here(tmp_path, work, 3, SETTINGS) == ["data_7.pt", ".mine.tmp"]
+
+
+def users_sample(path: Path, ids: list[int]) -> None:
+    """A sample file of the user's own, as speculators' generator writes one."""
+    torch.save({"input_ids": torch.tensor(ids), "loss_mask": torch.ones(len(ids))}, path)
+
+
+def test_a_ledger_line_or_claim_naming_a_file_does_not_make_it_specshims(tmp_path) -> None:
+    """Only content decides: a ledger line (stale, or not specshim's) or a claim naming the
+    user's own data_1.pt or data_7.pt leaves it foreign; the very file a run recorded, a copy
+    of it (other times, the same tokens) and a claimed file holding its row's tokens are the
+    folder's own."""
+    samples = [sample(i, [5 + i, 6]) for i in range(3)]
+    written(tmp_path, samples, fingerprints(samples))
+    files.save_json(tmp_path / extract.MANIFEST, {extract.CLAIMED: 9})
+    ledger = files.Ledger(tmp_path / extract.LEDGER)
+    users_sample(tmp_path / "data_7.pt", [1, 2, 3])  # beyond the rows, named by a forged line
+    ledger.record(tmp_path / "data_7.pt", "0" * 64)
+    os.utime(tmp_path / "data_7.pt", ns=(1, 1))  # and the user's file changed since
+    users_sample(tmp_path / "data_1.pt", [8, 8])  # a recorded file the user replaced
+    ledger.keep(e for e in ledger.entries().values() if e.file != "data_2.pt")  # killed
+    edited = [samples[0], sample(1, [9, 9]), samples[2]]  # row 1 edited: data_1.pt replaced
+    os.utime(tmp_path / "data_0.pt", ns=(2, 2))  # a copied folder: other times, same tokens
+    edited[0] = sample(0, [4, 4])  # row 0 edited too: data_0.pt replaced, the folder's own
+    work = extract.plan(tmp_path, edited, fingerprints(edited))
+    assert [s.index for s in work.todo] == [0, 1, 2] and work.stale == [tmp_path / "data_7.pt"]
+    assert extract.not_written_here(tmp_path, work, 9, SETTINGS) == ["data_1.pt", "data_7.pt"]
+    users_sample(tmp_path / "data_2.pt", [0, 0])  # a claimed, unrecorded name: the user's file
+    assert extract.not_written_here(tmp_path, work, 9, SETTINGS) == [
+        "data_1.pt",
+        "data_2.pt",
+        "data_7.pt",
+    ]
 
 
 def test_fingerprint_covers_ids_mask_truncation_model_and_layers() -> None:
@@ -439,6 +492,12 @@ def test_relative_error_is_the_worst_token() -> None:
     got = want.clone()
     got[1] *= 1.1
     assert extract._relative_error(got, want) == pytest.approx(0.1, rel=1e-4)
+
+
+def test_a_run_with_nothing_to_extract_says_so_not_zero_tokens_a_second() -> None:
+    text = extract.Summary(samples=3, extracted=0, resumed=3, truncated=0).text()
+    assert "throughput: none, nothing was left to extract" in text.splitlines()
+    assert "tokens/s" not in text
 
 
 def test_summary_states_the_throughput_definition() -> None:

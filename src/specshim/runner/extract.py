@@ -14,11 +14,12 @@ truncated or replaced, a file written but not yet recorded when the run was kill
 extracted again, and ``data_{i}.pt`` beyond the current number of samples are removed, so
 the folder always holds exactly one file per current row.
 
-Only files specshim wrote into the folder are replaced or removed: those its ledger names,
-sample files a run there claimed in ``specshim_extract.json`` before writing them (a run
-killed before it recorded one), and the final files of a folder a run started in. Any other
-file a run would replace or remove (a user's own ``data_77.pt``, a folder speculators' own
-generator wrote) stops it before vLLM starts, naming them, unless ``--overwrite`` is given.
+Only files specshim wrote into the folder are replaced or removed: sample files that still
+hold what its ledger recorded for them (or, claimed in ``specshim_extract.json`` by a run
+killed before it recorded them, their row's tokens), and the final files of a folder a run
+started in. Any other file a run would replace or remove (a user's own ``data_77.pt``, one a
+stale ledger line names, one damaged since, a folder speculators' own generator wrote) stops
+it before vLLM starts, naming them, unless ``--overwrite`` is given.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import dataset, engine_loop, files, native, remote_code, worker_writer
+from specshim.runner import dataset, engine_loop, files, native, remote_code, stored, worker_writer
 from specshim.runner import handoff as handoffs
 from specshim.runner.in_worker.protocol import Expected, Report
-from specshim.runner.layer_ids import ascending
+from specshim.runner.layer_ids import ascending, typed
 from specshim.runner.progress import Progress
 from specshim.runner.samples import sample_problem
 
@@ -120,13 +121,18 @@ class Summary:
 
     def text(self) -> str:
         """The summary as the lines ``specshim extract`` prints at the end."""
+        throughput = (
+            f"{self.tokens_per_second:,.0f} tokens/s over {self.seconds:.1f} s (tokens "
+            "extracted / time from the engine's start to the last file written; states "
+            f"handed over by {self.handoff})"
+            if self.extracted
+            else "none, nothing was left to extract"
+        )
         lines = [
             f"samples: {self.samples} ({self.extracted} extracted, {self.resumed} already done)",
             f"truncated to max_model_len - 1: {self.truncated}",
             f"skipped bad rows: {len(self.skipped)}",
-            f"throughput: {self.tokens_per_second:,.0f} tokens/s over {self.seconds:.1f} s "
-            "(tokens extracted / time from the engine's start to the last file written; states "
-            f"handed over by {self.handoff})",
+            f"throughput: {throughput}",
             f"backend: {self.backend}",
         ]
         if self.engine:
@@ -354,10 +360,18 @@ def _check_manifest(out: Path, settings: dict[str, Any]) -> int:
     if not path.exists():
         return 0
     previous = json.loads(path.read_text())
-    changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+
+    def as_typed(value: Any) -> str:
+        return typed(value) if isinstance(value, list) else str(value)
+
+    changed = [
+        f"--{name.replace('_', '-')} {as_typed(value)} (it holds {as_typed(previous.get(name))})"
+        for name, value in settings.items()
+        if previous.get(name) != value
+    ]
     if changed:
         raise ExtractionError(
-            f"{out} holds an extraction with other settings {changed} (was, now); "
+            f"--out {out} holds an extraction with other settings: {'; '.join(changed)}; "
             "use a new --out directory or the same settings to resume"
         )
     return int(previous.get(CLAIMED, 0))
@@ -417,28 +431,63 @@ def plan(out: Path, samples: list[dataset.Sample], prints: list[str]) -> Plan:
     return Plan(todo, kept, redone, stale)
 
 
-def not_written_here(out: Path, work: Plan, claimed: int) -> list[str]:
+def not_written_here(out: Path, work: Plan, claimed: int, settings: dict[str, Any]) -> list[str]:
     """The names of the files in ``out`` that this run would replace or remove (samples to
     extract again or beyond the current ones, the final files, temporary files of killed
-    writes) and that no run of specshim wrote there: neither its ledger names them, nor are
-    they sample files a run claimed (``claimed``) or final files of a folder a run started
-    in. Those are the user's own, or another tool's, and not this run's to lose."""
+    writes) and that are not a run's of specshim there, as it wrote them. A sample file is
+    only while it holds what was recorded for it: the very file its ledger entry names (size
+    and time), or the token ids and loss mask that entry fingerprints (a copied folder); one
+    a run claimed (``claimed``) but had not recorded when it was killed, those of its row
+    (``settings`` as :func:`fingerprint` takes them). Final files are a folder's where a run
+    started, temporary files where their target's name is. Anything else is the user's own,
+    or another tool's (a ledger line that names it does not make it specshim's), and not this
+    run's to lose."""
     started = (out / MANIFEST).exists()
     recorded = files.Ledger(out / LEDGER).entries()
+    rows = {sample_file(s): fingerprint(s, settings["max_model_len"] - 1, settings)
+            for s in work.todo}  # fmt: skip
 
-    def ours(name: str) -> bool:
+    def named(name: str) -> bool:  # a name a run writes here, whatever the file holds
         if name in (MANIFEST, LEDGER) or name in recorded:
             return True
         if number := SAMPLE_FILE.fullmatch(name):
             return int(number.group(1)) < claimed
         return started and name in FINAL_FILES
 
+    def ours(name: str) -> bool:
+        if not SAMPLE_FILE.fullmatch(name):
+            return named(name)
+        if (entry := recorded.get(name)) is not None:
+            return entry.still_there(out) or _written_from(out / name, entry.fingerprint, settings)
+        return named(name) and name in rows and _written_from(out / name, rows[name], settings)
+
     replaced = [sample_file(s) for s in work.todo if (out / sample_file(s)).exists()]
     final = [name for name in FINAL_FILES if (out / name).exists()]
     touched = [path.name for path in work.stale] + replaced + final
     foreign = [name for name in touched if not ours(name)]
-    partials = [p.name for p in files.partials(out) if not ours(files.partial_target(p.name))]
+    partials = [p.name for p in files.partials(out) if not named(files.partial_target(p.name))]
     return sorted(foreign) + sorted(partials)
+
+
+def holds(sample: Any, made_from: str, settings: dict[str, Any]) -> bool:
+    """Whether ``sample`` (a loaded ``data_{i}.pt``) holds the token ids and loss mask that
+    :func:`fingerprint` made ``made_from`` of, with ``settings``: over the ids alone, the
+    hidden states stay unread. Anything that is not a sample holds none."""
+    try:
+        ids, mask = sample["input_ids"].tolist(), sample["loss_mask"].tolist()
+    except (TypeError, KeyError, IndexError, AttributeError):
+        return False
+    made = dataset.Sample(index=0, line=0, input_ids=ids, loss_mask=mask)
+    return fingerprint(made, len(ids), settings) == made_from
+
+
+def _written_from(path: Path, made_from: str, settings: dict[str, Any]) -> bool:
+    """:func:`holds` of the sample file ``path``, memory-mapped; a file that does not load
+    holds nothing."""
+    try:
+        return holds(stored.load_torch(path, "a sample", mmap=True), made_from, settings)
+    except stored.BadFile:
+        return False
 
 
 def check_room(out: Path, todo: list[dataset.Sample], limit: int, layers: int, hidden: int) -> None:
@@ -579,12 +628,8 @@ def extract(
     truncated = _prepare(samples, limit, truncate, data)
     prints = [fingerprint(s, limit, settings) for s in samples]
     work = plan(out, samples, prints)
-    if not overwrite and (foreign := not_written_here(out, work, claimed)):
-        raise ExtractionError(
-            f"--out {out} holds files specshim did not write there that this run would "
-            f"replace or remove: {console.listed(foreign)}; nothing was changed: pass "
-            "--overwrite to let it, or pick another --out"
-        )
+    if not overwrite and (foreign := not_written_here(out, work, claimed, settings)):
+        raise ExtractionError(files.refusal("--out", out, foreign))
     files.remove_partials(out)
     for path in work.stale:
         path.unlink()

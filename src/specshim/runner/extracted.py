@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from specshim import console
-from specshim.runner import dataset, files, stored
-from specshim.runner.extract import LEDGER, MANIFEST, SAMPLE_FILE, fingerprint
+from specshim.runner import files, stored
+from specshim.runner.extract import LEDGER, MANIFEST, SAMPLE_FILE, holds
 
 LENGTHS = "sample_lengths.json"
 #: What a sample file holds (``dataset.record``).
@@ -102,7 +102,11 @@ def _problems(data: Path, lengths: dict[int, int]) -> dict[str, str]:
             )
         elif tokens != lengths[index]:
             problems[name] = f"{tokens} tokens, {LENGTHS} records {lengths[index]}"
-        elif settings and name in recorded and not _as_recorded(sample, recorded[name], settings):
+        elif (
+            settings
+            and name in recorded
+            and not holds(sample, recorded[name].fingerprint, settings)
+        ):
             problems[name] = "holds other tokens than extract recorded for it"
     return problems
 
@@ -117,16 +121,6 @@ def _recorded_settings(data: Path) -> dict[str, Any] | None:
     return (
         settings if isinstance(settings, dict) and settings.keys() >= {"model", "layers"} else None
     )
-
-
-def _as_recorded(sample: dict[str, Any], entry: files.Entry, settings: dict[str, Any]) -> bool:
-    """Whether a sample file holds the token ids and loss mask its ledger entry fingerprints
-    (extract's own :func:`~specshim.runner.extract.fingerprint`, over the ids alone: the
-    hidden states stay unread). Its size and time are not compared: a copied folder keeps
-    its samples but not their times."""
-    ids, mask = sample["input_ids"].tolist(), sample["loss_mask"].tolist()
-    made_from = dataset.Sample(index=0, line=0, input_ids=ids, loss_mask=mask)
-    return fingerprint(made_from, len(ids), settings) == entry.fingerprint
 
 
 def _index(name: str) -> int:

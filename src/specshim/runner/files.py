@@ -22,6 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
+from specshim import console
+
 #: Writer threads of :class:`BackgroundWriter`.
 WRITER_THREADS = 4
 
@@ -115,6 +117,16 @@ def save_torch(path: Path, obj: Any) -> None:
 def save_json(path: Path, obj: Any) -> None:
     """``obj`` as indented, key-sorted JSON, written atomically."""
     write_atomic(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True).encode()))
+
+
+def refusal(option: str, folder: Path, names: list[str]) -> str:
+    """The one line that refuses to replace or remove ``names``, files in ``folder`` (given
+    as ``option``) that specshim did not write there: ``--overwrite`` says yes."""
+    return (
+        f"{option} {folder} holds files specshim did not write there that this run would "
+        f"replace or remove: {console.listed(names)}; nothing was changed: pass --overwrite "
+        f"to let it, or pick another {option}"
+    )
 
 
 def partials(directory: Path) -> list[Path]:
