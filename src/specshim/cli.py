@@ -513,27 +513,32 @@ def _eval(args: argparse.Namespace) -> int:
     from specshim.runner import evaluate, export
     from specshim.testbed import learnable
 
-    draft = args.draft
-    if (draft / "checkpoints").is_dir():  # speculators' training output: export it first
+    draft = served = args.draft
+    training = (draft / "checkpoints").is_dir()  # speculators' training output: export it first
+    if training:
         if args.data is None:
             parser().error("eval of a training folder needs --data (its extraction folder)")
-        served = "served" if args.layer_shift == 1 else f"served-shift-{args.layer_shift}"
-        draft = export.export(draft, args.data, draft / served, shift=args.layer_shift)
-    prompts = (
-        [line for line in args.prompts.read_text().splitlines() if line.strip()]
-        if args.prompts
-        else list(learnable.PROMPTS)
-    )
-    result = evaluate.evaluate(
-        args.verifier,
-        str(draft),
-        prompts,
-        args.out or draft.parent / "eval",
-        k=args.k,
-        max_tokens=args.max_tokens,
-        max_model_len=args.max_model_len,
-        trust_remote_code=args.trust_remote_code,
-    )
+        served = draft / ("served" if args.layer_shift == 1 else f"served-shift-{args.layer_shift}")
+    out = args.out or served.parent / f"eval-{served.name}"  # one a draft: see --help
+    with out_lock.held(out, "eval"):
+        if training:
+            export.export(draft, args.data, served, shift=args.layer_shift)
+        prompts = (
+            [line for line in args.prompts.read_text().splitlines() if line.strip()]
+            if args.prompts
+            else list(learnable.PROMPTS)
+        )
+        result = evaluate.evaluate(
+            args.verifier,
+            str(served),
+            prompts,
+            out,
+            k=args.k,
+            max_tokens=args.max_tokens,
+            max_model_len=args.max_model_len,
+            trust_remote_code=args.trust_remote_code,
+            overwrite=args.overwrite,
+        )
     print(result.table())
     return 0 if result.identical else 1
 
@@ -566,7 +571,16 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="serving id = generator id + shift; 1 is consistent, 0 reads one layer early",
     )
     command.add_argument(
-        "--out", type=Path, default=None, help="where eval.json goes (default: beside the draft)"
+        "--out",
+        type=Path,
+        default=None,
+        help="where eval.json goes (default: eval-NAME beside the served draft NAME, e.g. "
+        "draft/eval-served)",
+    )
+    command.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace files in --out that specshim did not write (else the run stops first)",
     )
     _add_trust_remote_code(command)
     command.set_defaults(handler=_eval)

@@ -87,7 +87,7 @@ def test_control_trained_on_shuffled_states_is_clearly_worse(pipeline, tmp_path)
                        "--data", str(shuffled))  # fmt: skip
     assert "greedy output identical to the run without the draft: True" in control.stdout
     real = first_position(work / "eval" / "eval.json")
-    worse = first_position(tmp_path / "control" / "eval" / "eval.json")
+    worse = first_position(tmp_path / "control" / "eval-served" / "eval.json")
     assert worse <= real - CONTROL_MARGIN, (real, worse)
 
 

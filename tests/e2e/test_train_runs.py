@@ -240,3 +240,46 @@ def test_sigterm_stops_training_as_ctrl_c_does_and_the_run_resumes(inputs, tmp_p
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     last = out / "checkpoints" / str(done - 1)
     assert f"resuming from {last} ({done} of {done + 1} epochs done" in resumed.stderr
+
+
+def test_an_extraction_into_the_data_a_run_trains_on_stops_at_once(inputs, tmp_path) -> None:
+    """``specshim train`` holds its --data for reading from its check to its last step: an
+    ``extract --out`` into that folder meanwhile is one line and exit 2, naming the run, and
+    leaves every file as it was; a second reader (another train) is welcome."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from e2e.test_runner import specshim_command
+    from specshim.runner import out_lock
+    from specshim.runner.train import is_complete
+
+    data = Path(shutil.copytree(inputs[0], tmp_path / "hs"))
+    out = tmp_path / "draft"
+    cmd, env = specshim_command(*args((data, inputs[1]), out, "--epochs", "200"))
+    training = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not is_complete(out / "checkpoints" / "0"):  # steps in, the data read
+            assert training.poll() is None, "training ended before the extraction was tried"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = snapshot(data)
+        rows = tmp_path / "rows.jsonl"
+        rows.write_text('{"input_ids": [1, 2, 3], "loss_mask": [1, 1, 1]}\n')
+        cmd_x, env_x = specshim_command("extract", "--model", str(inputs[1]), "--data",
+                                        str(rows), "--out", str(data), "--overwrite")  # fmt: skip
+        refused = subprocess.run(cmd_x, env=env_x, capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert refused.stderr.startswith(
+            f"specshim extract: --out {data} is in use by specshim train (pid {training.pid}, "
+        ), refused.stderr[-3000:]
+        assert len(refused.stderr.splitlines()) == 1 and snapshot(data) == before
+        with out_lock.held(data, "train", "--data", shared=True):  # a second reader
+            assert training.poll() is None
+    finally:
+        os.kill(training.pid, signal.SIGTERM)
+        training.communicate(timeout=120)
+    assert not (data / out_lock.LOCK_FILE).exists()

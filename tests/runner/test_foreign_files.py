@@ -86,3 +86,30 @@ def test_vocab_overwrite_replaces_them(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert np.load(out / "t2d.npy").shape == (16,)
     assert (out / "notes.txt").read_text() == "mine\n"
+
+
+def test_eval_refuses_result_files_it_did_not_write_before_vllm(capsys, tmp_path) -> None:
+    """An --out holding an eval.json of the user's (or another draft's, changed since) is
+    refused in one line before vLLM starts, every byte kept; the files an evaluation wrote
+    and recorded are its own to replace, and --overwrite passes the refusal."""
+    from specshim.runner import evaluate, files
+    from specshim.testbed import tiny_model
+
+    verifier = tiny_model.build(tmp_path / "verifier", "llama")
+    capsys.readouterr()  # the build's progress
+    out = user_folder(tmp_path / "results")
+    (out / "eval.json").write_text('{"mine": true}\n')
+    before = snapshot(out)
+    argv = ["eval", "--verifier", str(verifier), "--draft", str(tmp_path / "d"), "--out", str(out)]
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err == (
+        f"specshim eval: {files.refusal('--out', out, ['eval.json'])}\n"
+    )
+    assert snapshot(out) == before
+
+    ledger = files.Ledger(out / evaluate.LEDGER)
+    ledger.record(out / "eval.json", "d")  # an evaluation's own file: its to replace
+    files.save_json(out / "prompts.json", ["mine"])  # written, then changed by the user
+    ledger.record(out / "prompts.json", "d")
+    os.utime(out / "prompts.json", ns=(1, 1))
+    assert evaluate.not_written_here(out, ledger) == ["prompts.json"]

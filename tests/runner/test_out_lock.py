@@ -20,20 +20,28 @@ HOLD = (
     "import sys, time\n"
     "from pathlib import Path\n"
     "from specshim.runner import out_lock\n"
-    "with out_lock.held(Path(sys.argv[1]), 'extract'):\n"
+    "reads = sys.argv[2:] == ['--data']\n"
+    "with out_lock.held(Path(sys.argv[1]), 'train' if reads else 'extract', shared=reads):\n"
     "    print('held', flush=True)\n"
     "    time.sleep(600)\n"
 )
+
+
+def hold(folder: Path, *reads: str) -> subprocess.Popen[str]:
+    """A process that holds ``folder`` as ``specshim extract`` does its --out, or with
+    ``"--data"`` as ``specshim train`` does its --data; it holds it once this returns."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder), *reads], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stdout.readline() == "held\n"
+    return process
 
 
 @pytest.fixture
 def holder(tmp_path: Path):
     """A process that holds ``tmp_path/out`` as ``specshim extract`` does."""
     out = tmp_path / "out"
-    process = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None and process.stdout.readline() == "held\n"
+    process = hold(out)
     yield process, out
     process.kill()
     process.wait()
@@ -55,6 +63,7 @@ COMMANDS = {
     "vocab --out": ["vocab", "--data", "d", *VOCAB_SIZES, "--out", "{}"],
     "vocab into --data": ["vocab", "--data", "{}", *VOCAB_SIZES],
     "run": ["run", "--workdir", "{}"],
+    "eval": ["eval", "--verifier", "v", "--draft", "d", "--out", "{}"],
 }
 
 
@@ -120,3 +129,60 @@ def test_the_lock_file_is_no_file_of_the_folder_for_train_or_convert(tmp_path: P
     settings = train.Settings("d", "v", "d", 8, 1, 1, 0.1, 0, "float32")
     train.check_out(out, settings, resume=False, overwrite=False)
     convert._check_out(out, tmp_path / "data", {"source": "d"})
+
+
+def test_train_on_data_an_extraction_is_writing_stops_at_once(holder, tmp_path: Path) -> None:
+    """``extract --out D`` running: ``train --data D`` is one line and exit 2 before it reads
+    D, and leaves no --out behind."""
+    process, data = holder
+    result = specshim("train", "--data", str(data), "--verifier", "v", "--out", str(tmp_path / "d"))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(
+        f"specshim train: --data {data} is in use by specshim extract (pid {process.pid}, since "
+    ), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "d").exists()
+
+
+def test_readers_share_a_folder_and_keep_every_writer_out(tmp_path: Path) -> None:
+    """Two trains read one --data together; while either does, a command writing there
+    (extract, vocab) stops with one line naming a reader; the last reader out removes the
+    lock file, and the folder is a writer's again."""
+    data = tmp_path / "hs"
+    data.mkdir()
+    reader = hold(data, "--data")
+    try:
+        with out_lock.held(data, "train", "--data", shared=True):  # a second reader
+            pass
+        assert (data / out_lock.LOCK_FILE).exists()  # the other reads on
+        for command in (COMMANDS["extract"], COMMANDS["vocab into --data"]):
+            result = specshim(*[str(data) if a == "{}" else a for a in command])
+            assert result.returncode == 2, result.stderr
+            assert f"{data} is in use by specshim train (pid " in result.stderr, result.stderr
+            assert len(result.stderr.splitlines()) == 1
+    finally:
+        reader.send_signal(signal.SIGINT)  # an ending run: its with block's exit runs
+        reader.wait()
+    assert list(data.iterdir()) == []
+    with out_lock.held(data, "extract"):
+        pass
+    with out_lock.held(tmp_path / "missing", "train", "--data", shared=True):
+        assert not (tmp_path / "missing").exists()  # a reader makes no folder
+
+
+def test_evals_of_sibling_drafts_each_get_a_folder_of_their_own(tmp_path: Path) -> None:
+    """``eval`` without --out writes eval-NAME beside the draft NAME (inside a training
+    folder: eval-served): another draft of the same folder is not stopped by it, nor could
+    it write over its results."""
+    drafts = tmp_path / "drafts"
+    drafts.mkdir()
+    process = hold(drafts / "eval-a")
+    try:
+        taken = specshim("eval", "--verifier", "v", "--draft", str(drafts / "a"))
+        other = specshim("eval", "--verifier", "v", "--draft", str(drafts / "b"))
+    finally:
+        process.kill()
+        process.wait()
+    assert taken.returncode == 2, taken.stderr
+    assert f"--out {drafts / 'eval-a'} is in use by specshim extract" in taken.stderr
+    assert other.returncode == 1 and "in use" not in other.stderr, other.stderr
+    assert not (drafts / "eval-b").exists()  # refused (no verifier v): nothing left behind

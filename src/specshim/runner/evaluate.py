@@ -6,6 +6,10 @@ for a plain draft model and fails). Speculative decoding must not change greedy 
 two must agree token for token; acceptance comes from vLLM's own metrics
 (``vllm:spec_decode_*``). Each run gets its own process: those counters are process-wide, and
 so are vLLM's engine settings.
+
+Its files (:data:`WRITES`) go into a folder of their own, recorded in :data:`LEDGER` as each
+is written; a rerun replaces those still as written, and a file of the same name that it did
+not write (another tool's, or one changed since) only with ``overwrite``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specshim.runner import files, remote_code
+
+#: What ``evaluate`` writes into its folder: the prompts, each run's output, the result.
+WRITES = ("prompts.json", "without_draft.json", "with_draft.json", "eval.json")
+#: The record of the files it wrote there (:class:`files.Ledger`).
+LEDGER = "specshim_eval_done.jsonl"
 
 
 @dataclass(frozen=True)
@@ -167,20 +176,28 @@ def evaluate(
     max_tokens: int = 48,
     max_model_len: int = 256,
     trust_remote_code: bool = False,
+    overwrite: bool = False,
 ) -> Evaluation:
-    """Greedy runs without and with ``draft`` (a folder vLLM loads: see ``runner.export``);
+    """Greedy runs without and with ``draft`` (a folder vLLM loads: see ``runner.export``),
+    their files in ``workdir`` (module doc; another's there is refused unless ``overwrite``);
     vLLM runs the verifier's own code only with ``trust_remote_code``: a verifier only its own
     code reads is refused with one line before vLLM starts and anything is written."""
     if not prompts:
         raise ValueError("specshim eval needs at least one prompt")
     remote_code.config(verifier, trust_remote_code)
+    ledger = files.Ledger(workdir / LEDGER)
+    if not overwrite and (foreign := not_written_here(workdir, ledger)):
+        raise ValueError(files.refusal("--out", workdir, foreign))
     workdir.mkdir(parents=True, exist_ok=True)
     prompt_file = workdir / "prompts.json"
     files.save_json(prompt_file, list(prompts))
+    ledger.record(prompt_file, draft)
     options = dict(k=k, max_tokens=max_tokens, max_model_len=max_model_len)
     trust = trust_remote_code
     base = _run(verifier, None, prompt_file, workdir / "without_draft.json", trust, **options)
+    ledger.record(workdir / "without_draft.json", draft)
     spec = _run(verifier, draft, prompt_file, workdir / "with_draft.json", trust, **options)
+    ledger.record(workdir / "with_draft.json", draft)
     difference = next(
         (
             f"prompt {i}: {a} != {b}"
@@ -200,7 +217,20 @@ def evaluate(
         baseline_tokens_per_second=sum(map(len, base["token_ids"])) / base["seconds"],
     )
     files.save_json(workdir / "eval.json", result.to_dict())
+    ledger.record(workdir / "eval.json", draft)
     return result
+
+
+def not_written_here(workdir: Path, ledger: files.Ledger) -> list[str]:
+    """The files of :data:`WRITES` in ``workdir`` that are not as an evaluation wrote them
+    there (the very file ``ledger`` records)."""
+    recorded = ledger.entries()
+    return [
+        name
+        for name in WRITES
+        if (workdir / name).exists()
+        and not (name in recorded and recorded[name].still_there(workdir))
+    ]
 
 
 def main() -> None:

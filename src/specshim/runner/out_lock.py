@@ -2,12 +2,15 @@
 
 Two runs writing into one folder both end "successfully" with a folder that holds parts of
 each. Every command that writes into a folder (``extract``, ``train``, ``convert``, ``vocab``,
-``run``) holds :data:`LOCK_FILE` in it, locked with ``flock``, for as long as it runs; a
-second command into that folder stops at once with one line naming the holder (its command,
-pid and start). The lock is the operating system's: a run that is killed, even with SIGKILL,
-holds it no longer, so a folder is never left locked. A run that ends removes the file; one
-that was killed leaves it, unlocked, and every command passes over it (it is never one of
-the folder's files to keep, refuse or remove).
+``eval``, ``run``) holds :data:`LOCK_FILE` in it, locked with ``flock``, for as long as it
+runs; a second command into that folder stops at once with one line naming the holder (its
+command, pid and start). A command that reads a folder for its whole run (``train --data``)
+holds the same lock shared: readers go together, but none while a command writes there,
+and no command writes there while one reads. The lock is the operating system's: a run
+that is killed, even with SIGKILL, holds it no longer, so a folder is never left locked. A
+run that ends (the last reader, of readers) removes the file; one that was killed leaves it,
+unlocked, and every command passes over it (it is never one of the folder's files to keep,
+refuse or remove).
 """
 
 from __future__ import annotations
@@ -33,14 +36,15 @@ class OutInUse(Exception):
     """Another command holds the folder; the message is the one line to show."""
 
 
-def _open_locked(path: Path, folder: str) -> int:
-    """A descriptor of ``path`` locked by this process. The holder removes the file as it
-    ends: a lock taken on a file no longer at ``path`` is let go and taken again on the
-    new one, so that two processes never both hold ``path``."""
+def _open_locked(path: Path, folder: str, kind: int) -> int:
+    """A descriptor of ``path`` locked by this process (``kind``: ``LOCK_EX`` or ``LOCK_SH``).
+    The last holder removes the file as it ends: a lock taken on a file no longer at ``path``
+    is let go and taken again on the new one, so that a writer never holds ``path`` beside
+    another process."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # not a link's file
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 400).decode(errors="replace").strip() or "another specshim run"
             os.close(fd)
@@ -55,19 +59,35 @@ def _open_locked(path: Path, folder: str) -> int:
         os.close(fd)
 
 
+def _last(fd: int) -> bool:
+    """Whether this process's shared lock on ``fd`` is the only one left. (Not: the lock is
+    let go, as Linux converts a lock by letting it go first; the caller is ending anyway.)"""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
-def held(out: Path, command: str, option: str = "--out") -> Iterator[None]:
+def held(out: Path, command: str, option: str = "--out", *, shared: bool = False) -> Iterator[None]:
     """Inside, this process alone writes into ``out`` (created if need be; removed again on
-    the way out if it was created here and is left empty). ``command`` (``"extract"``) and
-    ``option`` name the holder and the folder in the other run's message; a folder that is
-    a file or cannot be written is ``ValueError``, one line."""
+    the way out if it was created here and is left empty); or, ``shared``, reads it beside
+    other readers while no command writes there (a folder that is missing, or that this user
+    cannot write into, is read unlocked: the command names the one, nothing of the user's
+    writes into the other). ``command`` (``"extract"``) and ``option`` name the holder and the
+    folder in the other run's message; a folder that is a file or cannot be written is
+    ``ValueError``, one line."""
     folder = f"{option} {out}"
     if out.exists() and not out.is_dir():
         raise ValueError(f"{folder} is a file (expected a folder)")
+    if shared and not os.access(out, os.W_OK | os.X_OK):
+        yield
+        return
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = _open_locked(out / LOCK_FILE, folder)
+        fd = _open_locked(out / LOCK_FILE, folder, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # someone's link: writing the lock would write its target
             raise ValueError(
@@ -82,7 +102,8 @@ def held(out: Path, command: str, option: str = "--out") -> Iterator[None]:
     try:
         yield
     finally:
-        (out / LOCK_FILE).unlink(missing_ok=True)  # before the lock goes: see _open_locked
+        if not shared or _last(fd):  # before the lock goes: see _open_locked
+            (out / LOCK_FILE).unlink(missing_ok=True)
         os.close(fd)
         if created:
             with contextlib.suppress(OSError):  # not empty: the command wrote there

@@ -102,6 +102,7 @@ def run(settings: Settings) -> int:
         list(learnable.PROMPTS),
         work / "eval",
         max_model_len=settings.max_model_len,
+        overwrite=True,  # the work directory is the run's (claim): its eval too
     )
     print(result.table())
     return 0 if result.identical else 1

@@ -48,7 +48,8 @@ SETTINGS_FILE = "train_settings.json"
 #: Where ``overwrite`` moves the earlier run before deleting it (a kill midway leaves only it).
 TRASH = ".overwritten"
 #: What a run writes into ``--out``, with what ``specshim eval`` adds there (``served*``: the
-#: exports of its checkpoints; ``eval``: their results): all of it is the run's, to overwrite.
+#: exports of its checkpoints; ``eval-served*``, or ``eval`` before: their results): all of it
+#: is the run's, to overwrite.
 RUN_FILES = ("checkpoints", LOG_FILE, SETTINGS_FILE, TRASH, "eval")
 
 
@@ -354,7 +355,8 @@ def _contents(out: Path) -> list[Path]:
 
 
 def _is_run_file(path: Path) -> bool:
-    return path.name in RUN_FILES or path.name.startswith("served") or path.name.endswith(".tmp")
+    name = path.name
+    return name in RUN_FILES or name.startswith(("served", "eval-served")) or name.endswith(".tmp")
 
 
 def check_out(out: Path, settings: Settings, resume: bool, overwrite: bool) -> None:
@@ -667,35 +669,40 @@ def train(
     """Train a draft into ``out`` (see the module's docstring for what ``out`` may hold).
 
     Every check (options, data, vocabulary, the verifier's config, ``out``) runs before
-    anything is loaded or written; a bad one raises ``ValueError`` with one line. The
-    verifier's own code runs only with ``trust_remote_code``.
+    anything is loaded or written; a bad one raises ``ValueError`` with one line. ``data`` is
+    held for reading (:func:`out_lock.held`, shared) from before its check to the last step:
+    a command writing there meanwhile stops this one, or is stopped. The verifier's own code
+    runs only with ``trust_remote_code``.
     """
     check_options(epochs, lr, max_len, num_layers, ttt_steps, dtype, device, resume, overwrite)
-    vocab = vocab or data
-    check_inputs(data, vocab)
-    check_verifier(verifier, trust_remote_code)
-    settings = Settings(
-        _resolved(data), _resolved(verifier) if Path(verifier).exists() else verifier,
-        _resolved(vocab), max_len, num_layers, ttt_steps, lr, seed, dtype,
-    )  # fmt: skip
-    check_out(out, settings, resume, overwrite)
-    device = _device(device)
-    checkpoints = out / "checkpoints"
-    earlier = TrainResult.load(out / LOG_FILE) if resume else TrainResult()
-    if resume and (done := trained_epochs(checkpoints)) >= epochs:
-        earlier.checkpoint, earlier.already_trained = checkpoints, done
-        return earlier
-    _make_out(out)
-    world = distributed.start(device)
-    try:
-        if world.rank == 0:
-            _prepare_out(out, settings, resume, overwrite, epochs)
-        _barrier(world)
-        done = trained_epochs(checkpoints) if resume else 0
-        return _run(settings, out, epochs, device, world, resume, earlier.before(done),
-                    trust_remote_code)  # fmt: skip
-    finally:
-        world.stop()
+    if _resolved(data) == _resolved(out):
+        raise ValueError(f"--out {out} is the --data folder: pick a folder of its own for the run")
+    with out_lock.held(data, "train", "--data", shared=True):
+        vocab = vocab or data
+        check_inputs(data, vocab)
+        check_verifier(verifier, trust_remote_code)
+        settings = Settings(
+            _resolved(data), _resolved(verifier) if Path(verifier).exists() else verifier,
+            _resolved(vocab), max_len, num_layers, ttt_steps, lr, seed, dtype,
+        )  # fmt: skip
+        check_out(out, settings, resume, overwrite)
+        device = _device(device)
+        checkpoints = out / "checkpoints"
+        earlier = TrainResult.load(out / LOG_FILE) if resume else TrainResult()
+        if resume and (done := trained_epochs(checkpoints)) >= epochs:
+            earlier.checkpoint, earlier.already_trained = checkpoints, done
+            return earlier
+        _make_out(out)
+        world = distributed.start(device)
+        try:
+            if world.rank == 0:
+                _prepare_out(out, settings, resume, overwrite, epochs)
+            _barrier(world)
+            done = trained_epochs(checkpoints) if resume else 0
+            return _run(settings, out, epochs, device, world, resume, earlier.before(done),
+                        trust_remote_code)  # fmt: skip
+        finally:
+            world.stop()
 
 
 def _run(
