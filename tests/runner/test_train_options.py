@@ -167,3 +167,14 @@ def test_the_commands_to_run_first_are_quoted_for_the_shell(capsys, tmp_path) ->
     (data / "sample_lengths.json").unlink()
     _, err = run(capsys, *train_args(tmp_path, data))
     assert shlex.split(err[0].split("`")[1]) == ["specshim", "extract", "--out", str(data)]
+
+
+def test_out_that_is_the_data_folder_is_one_line_not_a_lock_on_itself(capsys, tmp_path) -> None:
+    """--out holds the run's lock and --data a reader's: the same folder for both would be
+    refused by the run's own lock; it is said as what it is."""
+    data = extraction_folder(tmp_path / "hs")
+    code, err = run(capsys, "train", "--data", str(data), "--verifier", "v", "--out", str(data))
+    expected = f"--out {data} is the --data folder: pick a folder of its own for the run"
+    assert (code, err) == (1, [f"specshim train: {expected}"])
+    names = sorted(p.name for p in data.iterdir())
+    assert names == ["d2t.npy", "data_0.pt", "sample_lengths.json", "t2d.npy"]
