@@ -1,7 +1,8 @@
-"""The user documentation (README.md, CHANGELOG.md, docs/ except the run logs in docs/results/)
-speaks to users: no work sessions, lent machines or issue numbers they cannot open, and every
-relative link leads to a file of the repository. The code's docstrings and comments keep the
-why of a choice, not the benchmark run it came from (figures live in docs/benchmarks.md)."""
+"""The user documentation (README.md, CHANGELOG.md, docs/ except the run logs in docs/results/,
+examples/) speaks to users: no work sessions, lent machines or issue numbers they cannot open,
+and every relative link leads to a file of the repository. The code's docstrings and comments
+keep the why of a choice, not the benchmark run it came from (figures live in
+docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 def user_documents() -> list[Path]:
     docs = [p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.relative_to(ROOT).parts]
-    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(docs)]
+    examples = sorted((ROOT / "examples").rglob("*.md"))
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(docs), *examples]
 
 
 def names(paths: list[Path]) -> list[str]:
