@@ -46,27 +46,35 @@ def test_other_errors_are_their_first_line_or_their_type() -> None:
     assert console.first_line(KeyError()) == "KeyError"
 
 
-def test_progress_is_a_record_of_specshims_logger(caplog) -> None:
+@pytest.fixture
+def restored_logger() -> Iterator[None]:
+    """specshim's logger as it was after the test (the command line configures it)."""
+    logger = logging.getLogger("specshim")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers, logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+@pytest.mark.usefixtures("restored_logger")
+def test_progress_is_a_record_of_specshims_logger() -> None:
     """A progress line is a ``logging`` record of the logger ``specshim`` at INFO, so that a
     program using specshim silences or redirects it as any library's; what it is about leads,
     without the "specshim" the format adds."""
-    with caplog.at_level(logging.INFO, logger="specshim"):
-        console.status("specshim train", "epoch 1/3")
-        console.status("specshim", "CPU (x86_64)")
-    said = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    records: list[logging.LogRecord] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logging.getLogger("specshim").handlers = [Kept()]
+    logging.getLogger("specshim").setLevel(logging.INFO)
+    console.status("specshim train", "epoch 1/3")
+    console.status("specshim", "CPU (x86_64)")
+    said = [(r.name, r.levelno, r.getMessage()) for r in records]
     assert said == [
         ("specshim", logging.INFO, "train: epoch 1/3"),
         ("specshim", logging.INFO, "CPU (x86_64)"),
     ]
-
-
-@pytest.fixture
-def restored_logger() -> Iterator[None]:
-    """specshim's logger as it was after the test (the command line configures it)."""
-    logger = console.LOGGER
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    logger.handlers, logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
 @pytest.mark.usefixtures("restored_logger")
