@@ -128,19 +128,37 @@ def test_the_lock_file_is_no_file_of_the_folder_for_train_or_convert(tmp_path: P
     (out / out_lock.LOCK_FILE).write_text("specshim extract (pid 1, since then)\n")
     settings = train.Settings("d", "v", "d", 8, 1, 1, 0.1, 0, "float32")
     train.check_out(out, settings, resume=False, overwrite=False)
-    convert._check_out(out, tmp_path / "data", {"source": "d"})
+    convert._check_out(out, {"source": "d"})
 
 
-def test_train_on_data_an_extraction_is_writing_stops_at_once(holder, tmp_path: Path) -> None:
-    """``extract --out D`` running: ``train --data D`` is one line and exit 2 before it reads
-    D, and leaves no --out behind."""
+#: The commands that read a folder for their whole run, given it (``{}``) and a new --out.
+READERS = {
+    "train": ["train", "--data", "{}", "--verifier", "v", "--out", "{out}"],
+    "convert": ["convert", "--data", "{}", "--out", "{out}"],
+}
+
+
+@pytest.mark.parametrize("command", READERS)
+def test_reading_data_an_extraction_is_writing_stops_at_once(holder, tmp_path, command) -> None:
+    """``extract --out D`` running: ``train --data D`` (or ``convert``) is one line and exit 2
+    before it reads D, and leaves no --out behind."""
     process, data = holder
-    result = specshim("train", "--data", str(data), "--verifier", "v", "--out", str(tmp_path / "d"))
+    out = tmp_path / "new"
+    result = specshim(*[{"{}": str(data), "{out}": str(out)}.get(a, a) for a in READERS[command]])
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
     assert result.stderr.startswith(
-        f"specshim train: --data {data} is in use by specshim extract (pid {process.pid}, since "
+        f"specshim {command}: --data {data} is in use by specshim extract (pid {process.pid}, "
     ), result.stderr
-    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "d").exists()
+    assert len(result.stderr.splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("command", READERS)
+def test_reading_into_the_same_folder_is_one_line_not_a_lock_on_itself(tmp_path, command) -> None:
+    folder = tmp_path / "hs"
+    folder.mkdir()
+    result = specshim(*[str(folder) if a in ("{}", "{out}") else a for a in READERS[command]])
+    assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "is the --data folder" in result.stderr or "is --data itself" in result.stderr
 
 
 def test_readers_share_a_folder_and_keep_every_writer_out(tmp_path: Path) -> None:

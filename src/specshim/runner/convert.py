@@ -518,11 +518,9 @@ def _json_field(path: Path, *keys: str) -> tuple[dict[str, Any] | None, list[int
         ) from None
 
 
-def _check_out(out: Path, source: Path, manifest: dict[str, Any]) -> None:
-    """Refuse an ``--out`` that is the source, holds another conversion, or holds files
-    this command did not write; a folder holding this same conversion is resumed."""
-    if out.resolve() == source.resolve():
-        raise ConversionError(f"--out {out} is --data itself: pass another folder")
+def _check_out(out: Path, manifest: dict[str, Any]) -> None:
+    """Refuse an ``--out`` that holds another conversion, or holds files this command did
+    not write; a folder holding this same conversion is resumed."""
     if not out.exists():
         return
     if not out.is_dir():
@@ -543,29 +541,36 @@ def convert(
     data: Path, out: Path, layers: list[int] | None = None, progress: bool = True
 ) -> Summary:
     """Convert the folder ``data`` into the other layout in ``out`` (see the module doc),
-    resuming what an earlier run of the same conversion left there."""
-    kind = detect(data)
-    source: LegacySource | ArrowSource
-    dest: LegacyDest | ArrowDest
-    if kind == LEGACY:
-        source, dest = LegacySource(data, layers), ArrowDest(out)
-    else:
-        source, dest = ArrowSource(data, layers), LegacyDest(out)
-    manifest = {
-        "direction": dest.direction,
-        "source": str(data.resolve()),
-        "generator_layer_ids": source.generator_ids,
-        "vllm_layer_ids": vllm_ids(source.generator_ids),
-        "data_config": source.data_config if kind == LEGACY else None,
-    }
-    _check_out(out, data, manifest)
-    dest.directory.mkdir(parents=True, exist_ok=True)
-    files.save_json(out / MANIFEST, manifest)
-    files.remove_partials(dest.directory)
-    written, kept, removed = _convert_samples(source, dest, out, progress)
+    resuming what an earlier run of the same conversion left there. ``data`` is held for
+    reading (:func:`out_lock.held`, shared) throughout: an extraction into it meanwhile
+    stops this one, or is stopped."""
+    if out.resolve() == data.resolve():
+        raise ConversionError(f"--out {out} is --data itself: pass another folder")
+    with out_lock.held(data, "convert", "--data", shared=True):
+        kind = detect(data)
+        source: LegacySource | ArrowSource
+        dest: LegacyDest | ArrowDest
+        if kind == LEGACY:
+            source, dest = LegacySource(data, layers), ArrowDest(out)
+        else:
+            source, dest = ArrowSource(data, layers), LegacyDest(out)
+        manifest = {
+            "direction": dest.direction,
+            "source": str(data.resolve()),
+            "generator_layer_ids": source.generator_ids,
+            "vllm_layer_ids": vllm_ids(source.generator_ids),
+            "data_config": source.data_config if kind == LEGACY else None,
+        }
+        _check_out(out, manifest)
+        dest.directory.mkdir(parents=True, exist_ok=True)
+        files.save_json(out / MANIFEST, manifest)
+        files.remove_partials(dest.directory)
+        written, kept, removed = _convert_samples(source, dest, out, progress)
 
-    dest.finish(source, (source.row(i) for i in range(source.count)))
-    return Summary(dest.direction, out, source.count, written, kept, removed, source.generator_ids)
+        dest.finish(source, (source.row(i) for i in range(source.count)))
+        return Summary(
+            dest.direction, out, source.count, written, kept, removed, source.generator_ids
+        )
 
 
 def _convert_samples(

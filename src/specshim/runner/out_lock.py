@@ -4,13 +4,11 @@ Two runs writing into one folder both end "successfully" with a folder that hold
 each. Every command that writes into a folder (``extract``, ``train``, ``convert``, ``vocab``,
 ``eval``, ``run``) holds :data:`LOCK_FILE` in it, locked with ``flock``, for as long as it
 runs; a second command into that folder stops at once with one line naming the holder (its
-command, pid and start). A command that reads a folder for its whole run (``train --data``)
-holds the same lock shared: readers go together, but none while a command writes there,
-and no command writes there while one reads. The lock is the operating system's: a run
-that is killed, even with SIGKILL, holds it no longer, so a folder is never left locked. A
-run that ends (the last reader, of readers) removes the file; one that was killed leaves it,
-unlocked, and every command passes over it (it is never one of the folder's files to keep,
-refuse or remove).
+command, pid and start). ``train`` and ``convert`` hold their ``--data`` with the same lock,
+shared: readers go together, writers neither beside them nor beside each other. The lock is
+the operating system's: a killed run (even by SIGKILL) holds it no longer. A run that ends
+(the last reader, of readers) removes the file; a killed one leaves it, unlocked, and every
+command passes over it (it is never one of the folder's files to keep, refuse or remove).
 """
 
 from __future__ import annotations
