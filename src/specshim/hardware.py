@@ -176,8 +176,8 @@ def _refuses_without_preload(source: str) -> bool:
 
 
 def prepare_for_vllm(tensor_parallel_size: int = 1) -> Accelerator:
-    """Choose the settings this machine's accelerator needs (those the user has not set),
-    print them on one line to stderr, and return the accelerator."""
+    """Choose the settings this machine's accelerator needs (those the user has not set), say
+    them in one line (specshim's logger, :mod:`specshim.console`), and return the accelerator."""
     accelerator = detect()
     if accelerator.kind == "cpu":
         chosen = configure_cpu()
