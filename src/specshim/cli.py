@@ -25,8 +25,8 @@ SNAPSHOTS_IN_CHECKOUT = Path("src/specshim/data/contracts")
 
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to file descriptor 1 to 2 for a while: vLLM's logger writes
-    to stdout, which would corrupt ``--json`` output."""
+    """Send everything written to file descriptor 1 to 2 for a while: vLLM's logger and its
+    worker processes write to stdout, which holds only the command's summary."""
     sys.stdout.flush()
     saved = os.dup(1)
     try:
@@ -130,10 +130,11 @@ def _add_trust_remote_code(command: argparse.ArgumentParser) -> None:
 def _extract(args: argparse.Namespace) -> int:
     """Run the extraction; vLLM's log goes to stderr unless ``--verbose``, so stdout holds
     only the summary."""
-    from specshim.runner import extract
+    from specshim.runner import extraction
+    from specshim.runner.extraction import options
 
     with contextlib.nullcontext() if args.verbose else _stdout_to_stderr():
-        summary = extract.extract(
+        summary = extraction.extract(
             args.model,
             args.data,
             args.out,
@@ -146,7 +147,7 @@ def _extract(args: argparse.Namespace) -> int:
             verify=args.verify,
             handoff=args.handoff,
             backend=args.backend,
-            engine=extract.EngineSettings(
+            engine=options.EngineSettings(
                 args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization
             ),
             overwrite=args.overwrite,
