@@ -18,7 +18,7 @@ writes the states must stay under):
   path also takes ``@writers=N`` (the worker's writer processes,
   ``SPECSHIM_WRITER_PROCESSES``), ``@batch_size=N`` (prompts per ``generate`` call,
   ``extract --batch-size``; default 128), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
-  ``extract``'s engine steps (``extract.EngineSettings``; vLLM's ``LLM`` on an H200 takes
+  ``extract``'s engine steps (``options.EngineSettings``; vLLM's ``LLM`` on an H200 takes
   16,384 tokens a step), and for the engine and native backends ``@ahead_steps=N``, the steps
   of tokens their feed keeps waiting in vLLM's engine (``engine_feed.AHEAD_STEPS``, 4);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
@@ -199,7 +199,8 @@ def _generator(model: str, prompts: list[list[int]], max_len: int) -> dict[str, 
 def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict[str, Any]:
     import contextlib
 
-    from specshim.runner import engine_feed, engine_loop, extract, files, native, worker_writer
+    from specshim.runner import engine_feed, engine_loop, extraction, files, native, worker_writer
+    from specshim.runner.extraction import backends, options, recording
 
     handoff = mode.removeprefix("extract_").split("@")[0]
     settings = _settings(mode)
@@ -208,7 +209,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     batch_size = int(settings.pop("batch_size", 128))
     if "ahead_steps" in settings:  # the feed's steps of tokens kept waiting in vLLM's engine
         engine_feed.AHEAD_STEPS = int(settings.pop("ahead_steps"))
-    engine = extract.EngineSettings(
+    engine = options.EngineSettings(
         *(int(settings.pop(k)) if k in settings else None
           for k in ("max_num_seqs", "max_num_batched_tokens"))
     )  # fmt: skip
@@ -219,7 +220,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         )
     backend = handoff if handoff in ("native", "engine") else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
-    started = extract._generator
+    started = backends.start
     worker: list[Any] = []  # what the hand-off did in the worker (page-locked or not)
 
     @contextlib.contextmanager
@@ -239,8 +240,8 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
             if handoff == "worker":
                 worker.extend(generator.executor.collective_rpc(worker_writer.state))
 
-    extract._generator = timed_generator
-    timers.wrap(extract, "_checked")
+    backends.start = timed_generator
+    timers.wrap(recording, "_checked")
     timers.wrap(files.BackgroundWriter, "submit")  # blocks while the writer is behind
     timers.wrap(worker_writer.WorkerFilesClient, "expect")  # blocks while the worker's is
     timers.wrap(worker_writer.WorkerFilesClient, "finished")
@@ -248,11 +249,11 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     # where vLLM's worker writes (worker hand-off, native and engine backends): the caller's
     # share of each batch, and the run's end (the feed's last steps, then every file in
     # place), outside ``generate``
-    timers.wrap(extract._WorkerWrites, "announce")
-    timers.wrap(extract._WorkerWrites, "take")  # asks the worker every RECORD_EVERY prompts
+    timers.wrap(recording._WorkerWrites, "announce")
+    timers.wrap(recording._WorkerWrites, "take")  # asks the worker every RECORD_EVERY prompts
     timers.wrap(engine_loop.EngineFiles, "finished")  # with wait: drain, then the last files
     timers.wrap(engine_feed.EngineFeed, "drain")
-    summary = extract.extract(
+    summary = extraction.extract(
         model,
         data,
         out,

@@ -22,12 +22,12 @@ import json, resource, sys, time
 from pathlib import Path
 from specshim import hardware
 hardware.configure_cpu()
-from specshim.runner import extract
+from specshim.runner import extraction
 
 if __name__ == "__main__":
     model, data, out, tp = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
     start = time.perf_counter()
-    summary = extract.extract(model, data, out, max_model_len=256, batch_size=32,
+    summary = extraction.extract(model, data, out, max_model_len=256, batch_size=32,
                               tensor_parallel_size=tp, progress=False)
     seconds = time.perf_counter() - start
     tokens = sum(json.loads((out / "sample_lengths.json").read_text()).values())

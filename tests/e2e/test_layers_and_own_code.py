@@ -18,7 +18,7 @@ import torch
 from conftest import carrying_own_code
 from e2e import harness
 from e2e.test_runner import extract_cmd, rows, write_rows
-from specshim.runner import extract
+from specshim.runner.extraction import resume
 
 pytestmark = pytest.mark.vllm
 
@@ -41,7 +41,7 @@ def test_layers_out_of_order_are_labelled_as_the_files_hold_them(
     done = extract_cmd(model, dataset, out, "--backend", backend, "--layers", "3,0,2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert not marker.exists(), "the model's own code ran without --trust-remote-code"
-    manifest = json.loads((out / extract.MANIFEST).read_text())
+    manifest = json.loads((out / resume.MANIFEST).read_text())
     config = json.loads((out / "data_config.json").read_text())
     assert manifest["layers"] == config["hidden_states"]["layer_ids"] == [0, 2, 3]
     saved = [torch.load(out / f"data_{i}.pt", weights_only=True) for i in range(3)]

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import SPECULATORS, speculators_path, vllm_python
-from specshim.runner import extract, files
+from specshim.runner import files
+from specshim.runner.extraction import resume
 from specshim.testbed import data
 
 pytestmark = pytest.mark.vllm
@@ -82,7 +83,7 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
     written_before_kill = len(list(out.glob("data_*.pt")))
     assert written_before_kill < KILLED_RUN_SAMPLES, "the kill came too late to test resumption"
     # A file renamed into place but not yet recorded when the kill came is extracted again.
-    entries = files.Ledger(out / extract.LEDGER).entries().values()
+    entries = files.Ledger(out / resume.LEDGER).entries().values()
     recorded = sum(e.still_there(out) for e in entries)
 
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -290,7 +291,7 @@ def test_verify_fails_loudly_when_batched_states_differ(four_layers, tmp_path) -
     good, out = rows(four_layers, 6), tmp_path / "out"
     dataset = write_rows(tmp_path / "data.jsonl", good)
     assert extract_cmd(four_layers, dataset, out).returncode == 0
-    ledger = files.Ledger(out / extract.LEDGER)
+    ledger = files.Ledger(out / resume.LEDGER)
     entries = ledger.entries()
     for i in range(len(good)):
         path = out / f"data_{i}.pt"
@@ -398,7 +399,7 @@ def test_files_specshim_did_not_write_are_kept_unless_overwrite(four_layers, tmp
     assert not (out / "data_77.pt").exists() and not (out / ".draft.tmp").exists()
     assert (out / "notes.txt").read_bytes() == theirs["notes.txt"]
 
-    ledger = files.Ledger(out / extract.LEDGER)  # a kill between data_1.pt and its entry
+    ledger = files.Ledger(out / resume.LEDGER)  # a kill between data_1.pt and its entry
     ledger.keep(e for e in ledger.entries().values() if e.file != "data_1.pt")
     (out / "data_9.pt").write_bytes(b"mine")  # and the user's file since
     refused = extract_cmd(four_layers, dataset, out)
@@ -414,11 +415,11 @@ def test_files_specshim_did_not_write_are_kept_unless_overwrite(four_layers, tmp
     # only a file holding what was recorded for it is (a stale or planted line names others).
     mine = {"input_ids": torch.tensor([1, 2]), "loss_mask": torch.tensor([1, 1])}
     torch.save(mine, out / "data_77.pt")
-    entry = files.Ledger(out / extract.LEDGER).entries()["data_2.pt"]
-    with (out / extract.LEDGER).open("a") as f:
+    entry = files.Ledger(out / resume.LEDGER).entries()["data_2.pt"]
+    with (out / resume.LEDGER).open("a") as f:
         f.write(json.dumps({**dataclasses.asdict(entry), "file": "data_77.pt"}) + "\n")
-    manifest = json.loads((out / extract.MANIFEST).read_text())
-    files.save_json(out / extract.MANIFEST, {**manifest, extract.CLAIMED: 100})
+    manifest = json.loads((out / resume.MANIFEST).read_text())
+    files.save_json(out / resume.MANIFEST, {**manifest, resume.CLAIMED: 100})
     before = (out / "data_77.pt").read_bytes()
     refused = extract_cmd(four_layers, dataset, out)
     assert refused.returncode == 1

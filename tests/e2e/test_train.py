@@ -194,7 +194,7 @@ def narrower(path: Path) -> None:
 def unfinished_rerun(data: Path) -> None:
     """A rerun over more rows, killed: a file and its ledger entry beyond sample_lengths.json."""
     from specshim.runner import files
-    from specshim.runner.extract import LEDGER
+    from specshim.runner.extraction.resume import LEDGER
 
     count = len(json.loads((data / "sample_lengths.json").read_text()))
     (data / f"data_{count}.pt").write_bytes((data / "data_0.pt").read_bytes())
@@ -309,7 +309,7 @@ def test_extract_redoes_a_sample_whose_ledger_line_is_of_the_wrong_type(extracte
     """A ledger line with a list where the file name belongs counts as not recorded (before:
     a TypeError traceback): the rerun extracts that sample again, and the sample train named
     as missing, and keeps every other; train then takes the folder."""
-    from specshim.runner.extract import LEDGER
+    from specshim.runner.extraction.resume import LEDGER
 
     data = copy_of(extracted, tmp_path)
     ledger = data / LEDGER

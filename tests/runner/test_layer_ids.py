@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specshim.runner import export, extract, files
+from specshim.runner import export, files
+from specshim.runner.extraction import options, resume
 from specshim.runner.layer_ids import LayerIdError, ascending, generator_ids, vllm_ids
 
 
@@ -32,14 +33,14 @@ def test_the_two_numberings_undo_each_other() -> None:
 def test_extract_records_layers_given_out_of_order_ascending() -> None:
     """The list the manifest, the fingerprints and data_config.json record: the same for the
     same ids in any order, so a rerun in another order resumes the same extraction."""
-    chosen = extract.choose_layers(4, [3, 0, 2])
+    chosen = options.choose_layers(4, [3, 0, 2])
     assert chosen == [0, 2, 3]
     model, data = "m", Path("d.jsonl")
-    assert extract._settings(model, data, chosen, 64) == extract._settings(
-        model, data, extract.choose_layers(4, [2, 3, 0]), 64
+    assert resume.settings_for(model, data, chosen, 64) == resume.settings_for(
+        model, data, options.choose_layers(4, [2, 3, 0]), 64
     )
     with pytest.raises(LayerIdError, match=r"^--layers: 2 is given twice"):
-        extract.choose_layers(4, [2, 0, 2])
+        options.choose_layers(4, [2, 0, 2])
 
 
 def test_export_serves_the_ids_ascending_whatever_order_data_config_lists(tmp_path) -> None:

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import SPECULATORS, carrying_own_code, speculators_path
 from specshim import cli
-from specshim.runner import extract, files, remote_code, train, vocab
+from specshim.runner import files, remote_code, train, vocab
+from specshim.runner.extraction import options
 
 torch = pytest.importorskip("torch")
 
@@ -62,12 +63,12 @@ def test_a_model_transformers_knows_is_read_without_its_own_code(four_layers, tm
     marker = tmp_path / "ran"
     model = carrying_own_code(four_layers, tmp_path / "own", marker)
     size = json.loads((model / "config.json").read_text())["vocab_size"]
-    assert extract.model_config(str(model)).num_hidden_layers == 4
+    assert options.model_config(str(model)).num_hidden_layers == 4
     assert vocab.target_vocab_size(model) == size
     train.check_verifier(str(model), trust_remote_code=False)
     assert len(remote_code.tokenizer(str(model), trust=False)) == size
     assert not marker.exists(), "the model's own code ran"
-    config = extract.model_config(str(model), trust_remote_code=True)
+    config = options.model_config(str(model), trust_remote_code=True)
     assert type(config).__name__ == "OwnConfig"
     assert marker.read_text().split() == [str(os.getpid())]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from specshim import console
 from specshim.runner import files, stored
-from specshim.runner.extract import LEDGER, MANIFEST, SAMPLE_FILE, holds
+from specshim.runner.extraction.resume import LEDGER, MANIFEST, SAMPLE_FILE, holds
 
 LENGTHS = "sample_lengths.json"
 #: What a sample file holds (``dataset.record``).

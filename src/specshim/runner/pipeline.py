@@ -66,7 +66,7 @@ def run(settings: Settings) -> int:
     the draft is the verifier's own, 1 otherwise."""
     work = settings.workdir
     claim(work, settings.overwrite)
-    from specshim.runner import evaluate, export, extract, train, vocab
+    from specshim.runner import evaluate, export, extraction, train, vocab
     from specshim.testbed import learnable
 
     verifier = work / "verifier"
@@ -76,7 +76,7 @@ def run(settings: Settings) -> int:
     dataset = learnable.write_dataset(verifier, work / "data.jsonl", settings.samples)
     say(f"verifier {verifier}, data {dataset}")
     states = work / "hidden_states"
-    summary = extract.extract(
+    summary = extraction.extract(
         str(verifier),
         dataset,
         states,
