@@ -419,3 +419,13 @@ def test_an_out_without_room_is_refused_before_the_first_sample(
     code, _, err = in_process(capsys, "--data", str(source), "--out", str(out))
     assert code == 0, err
     assert len(list((out / "hidden_states").glob("hs_*.safetensors"))) == SAMPLES
+
+
+def test_layer_ids_in_a_refusal_are_written_as_they_are_typed(tmp_path: Path) -> None:
+    """``--layers 0,2,3``, not a Python list."""
+    where = tmp_path / "data_config.json"
+    with pytest.raises(convert.ConversionError) as differs:
+        convert._given_ids([3, 0, 2, 5], [3, 2, 0], where, "")
+    assert str(differs.value) == f"--layers 0,2,3 differs from the ids {where} records: 0,2,3,5"
+    with pytest.raises(convert.ConversionError, match=r"^layer ids 3: expected two or more"):
+        convert._given_ids(None, [3], where, "")

@@ -189,7 +189,7 @@ def _given_ids(
             f"{where.parent} records no layer ids (no {where.name}): pass --layers, {numbering}"
         )
     if len(ids) < 2:
-        raise ConversionError(f"layer ids {ids}: expected two or more distinct ids")
+        raise ConversionError(f"layer ids {typed(ids)}: expected two or more distinct ids")
     return ids
 
 
