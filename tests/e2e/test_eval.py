@@ -87,8 +87,13 @@ def test_control_trained_on_shuffled_states_is_clearly_worse(pipeline, tmp_path)
                        "--data", str(shuffled))  # fmt: skip
     assert "greedy output identical to the run without the draft: True" in control.stdout
     real = first_position(work / "eval" / "eval.json")
-    worse = first_position(tmp_path / "control" / "eval-served" / "eval.json")
+    results = tmp_path / "control" / "eval-served"  # the default: beside the served draft
+    worse = first_position(results / "eval.json")
     assert worse <= real - CONTROL_MARGIN, (real, worse)
+    written = (results / "eval.json").stat().st_mtime_ns
+    specshim("eval", "--verifier", verifier, "--draft", str(tmp_path / "control"),
+             "--data", str(shuffled))  # fmt: skip
+    assert (results / "eval.json").stat().st_mtime_ns != written  # its own: no --overwrite
 
 
 def test_off_by_one_layer_ids_serve_and_are_measured(pipeline) -> None:
