@@ -14,7 +14,7 @@ writes the states must stay under):
   (the files are compared: equal tensor for tensor, or the worst relative error where
   batches differ);
 - ``extract_worker``: the same, vLLM's worker writing the files itself
-  (``specshim.runner.worker_writer``), which reports where its time went; any ``extract_*``
+  (``specshim.runner.in_worker.writer``), which reports where its time went; any ``extract_*``
   path also takes ``@writers=N`` (the worker's writer processes,
   ``SPECSHIM_WRITER_PROCESSES``), ``@batch_size=N`` (prompts per ``generate`` call,
   ``extract --batch-size``; default 128), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
@@ -23,17 +23,17 @@ writes the states must stay under):
   of tokens their feed keeps waiting in vLLM's engine (``engine_feed.AHEAD_STEPS``, 4);
 - ``extract_native``: ``specshim extract --backend native``, vLLM's native path writing
   speculators 0.3/0.4's files: in vLLM's worker, through specshim's connector
-  (``specshim.runner.native_connector``), where the installed vLLM allows it;
+  (``specshim.runner.in_worker.connector``), where the installed vLLM allows it;
   ``extract_native@read_back=on`` instead reads vLLM's own files back in the caller, as
   where it does not;
 - ``extract_engine``: ``specshim extract --backend engine``, speculators' capture inside
   ``LLM.generate``'s own engine loop, vLLM's worker writing the files
-  (``specshim.runner.engine_loop``); its files are compared with the other ``extract``
-  paths' like theirs;
+  (``specshim.runner.extraction.backends.engine``); its files are compared with the other
+  ``extract`` paths' like theirs;
 - ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
 - ``disk_writer``: the same on ``specshim extract``'s writer threads;
 - ``disk_processes``: the same bytes written by the worker writer's processes
-  (:mod:`specshim.runner.writer_processes`) from states already in the ring, processes
+  (:mod:`specshim.runner.in_worker.writer_processes`) from states already in the ring, processes
   started before the clock: the writing alone at the parallelism ``extract_engine`` writes
   with (``@writers=N`` as there), the ceiling that counts for it where one process writing
   is slower than prefill.
@@ -160,7 +160,7 @@ def _native(model: str, prompts: list[list[int]], max_len: int, work: Path) -> d
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from specshim.runner import native
+    from specshim.runner.extraction.backends import native
 
     # the layers extract captures, in speculators 0.3/0.4's numbering (vLLM's is one more)
     llm = LLM(**native.engine_options(model, layer_ids(model), max_len, 1, work / "native"))
@@ -199,13 +199,18 @@ def _generator(model: str, prompts: list[list[int]], max_len: int) -> dict[str, 
 def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict[str, Any]:
     import contextlib
 
-    from specshim.runner import engine_feed, engine_loop, extraction, files, native, worker_writer
+    from specshim.runner import extraction, files
     from specshim.runner.extraction import backends, options, recording
+    from specshim.runner.extraction.backends import engine as engine_loop
+    from specshim.runner.extraction.backends import feed as engine_feed
+    from specshim.runner.extraction.backends import native
+    from specshim.runner.extraction.backends.generator import WorkerFilesClient
+    from specshim.runner.in_worker import writer as worker_writer
 
     handoff = mode.removeprefix("extract_").split("@")[0]
     settings = _settings(mode)
     if settings.pop("read_back", "off") == "on":
-        native.writes_in_worker = lambda: False
+        native.writes_in_worker = lambda *_: False
     batch_size = int(settings.pop("batch_size", 128))
     if "ahead_steps" in settings:  # the feed's steps of tokens kept waiting in vLLM's engine
         engine_feed.AHEAD_STEPS = int(settings.pop("ahead_steps"))
@@ -220,7 +225,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         )
     backend = handoff if handoff in ("native", "engine") else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
-    started = backends.start
+    started = backends.running
     worker: list[Any] = []  # what the hand-off did in the worker (page-locked or not)
 
     @contextlib.contextmanager
@@ -240,11 +245,11 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
             if handoff == "worker":
                 worker.extend(generator.executor.collective_rpc(worker_writer.state))
 
-    backends.start = timed_generator
+    backends.running = timed_generator
     timers.wrap(recording, "_checked")
     timers.wrap(files.BackgroundWriter, "submit")  # blocks while the writer is behind
-    timers.wrap(worker_writer.WorkerFilesClient, "expect")  # blocks while the worker's is
-    timers.wrap(worker_writer.WorkerFilesClient, "finished")
+    timers.wrap(WorkerFilesClient, "expect")  # blocks while the worker's is
+    timers.wrap(WorkerFilesClient, "finished")
     timers.wrap(native.NativeFiles, "finished")
     # where vLLM's worker writes (worker hand-off, native and engine backends): the caller's
     # share of each batch, and the run's end (the feed's last steps, then every file in
@@ -294,9 +299,9 @@ def _disk(prompts: list[list[int]], hidden: int, work: Path, threads: int) -> di
 
 def _settings(mode: str) -> dict[str, str]:
     """``mode``'s ``@name=value`` settings, ``writers`` taken out and set in the environment,
-    where :class:`specshim.runner.worker_writer.WorkerFiles` reads it (vLLM's worker is a
+    where :class:`specshim.runner.in_worker.writer.WorkerFiles` reads it (vLLM's worker is a
     process started after this)."""
-    from specshim.runner import worker_writer
+    from specshim.runner.in_worker import writer as worker_writer
 
     _, *variant = mode.split("@")
     settings = dict(v.split("=", 1) for v in variant)
@@ -314,11 +319,10 @@ def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[st
     first job handed out to the last file written."""
     import torch
 
-    from specshim.runner.handoff import aligned
-    from specshim.runner.host_ring import HostRing
     from specshim.runner.in_worker.protocol import Expected
-    from specshim.runner.worker_writer import RING_BYTES, writers_from_environment
-    from specshim.runner.writer_processes import WriteJob, WriterProcesses
+    from specshim.runner.in_worker.ring import HostRing, aligned
+    from specshim.runner.in_worker.writer import RING_BYTES, writers_from_environment
+    from specshim.runner.in_worker.writer_processes import WriteJob, WriterProcesses
 
     out.mkdir(parents=True, exist_ok=True)
     longest = max(map(len, prompts))

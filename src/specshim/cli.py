@@ -17,7 +17,6 @@ from typing import Any
 
 from specshim import console
 from specshim.runner import distributed, files, out_lock
-from specshim.runner import handoff as handoffs
 
 #: where ``specshim snapshot`` records by default: a checkout's shipped snapshots (run there)
 SNAPSHOTS_IN_CHECKOUT = Path("src/specshim/data/contracts")
@@ -158,7 +157,8 @@ def _extract(args: argparse.Namespace) -> int:
 
 
 def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from specshim.runner.native import BACKENDS
+    from specshim.runner.extraction.backends import BACKENDS
+    from specshim.runner.extraction.backends.generator import CHOICES as HANDOFFS
 
     command = _command(
         commands,
@@ -203,7 +203,7 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     command.add_argument(
         "--handoff",
-        choices=handoffs.CHOICES,
+        choices=HANDOFFS,
         default="auto",
         help="how the states leave vLLM's worker (auto: worker on one CUDA device, else rpc; "
         "docs/commands.md)",
@@ -603,7 +603,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from specshim.runner.native import BACKENDS
+    from specshim.runner.extraction.backends import BACKENDS
 
     command = _command(
         commands,

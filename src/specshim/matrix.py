@@ -23,9 +23,9 @@ from specshim import hardware, versions
 VERDICTS = ("pass", "fail", "untested")
 #: Who made the hidden states in a row's run: speculators' generator after ``specshim.apply()``
 #: (every row without ``backend``), vLLM's own ``extract_hidden_states`` path behind
-#: ``specshim extract --backend native`` (:mod:`specshim.runner.native`), or speculators'
-#: capture inside vLLM's own engine loop, ``--backend engine``
-#: (:mod:`specshim.runner.engine_loop`).
+#: ``specshim extract --backend native`` (:mod:`specshim.runner.extraction.backends.native`), or
+#: speculators' capture inside vLLM's own engine loop, ``--backend engine``
+#: (:mod:`specshim.runner.extraction.backends.engine`).
 BACKENDS = ("generator", "native", "engine")
 #: How far a row got, in order; ``evaluation``: the trained draft served by vLLM's EAGLE-3
 #: (``specshim eval``: acceptance measured, greedy output identical).

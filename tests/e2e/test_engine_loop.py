@@ -184,7 +184,7 @@ SMALL_KV_CACHE = {
 SMALL_KV_CACHE_RUN = """
 import json, sys
 from specshim import cli
-from specshim.runner import engine_loop
+from specshim.runner.extraction.backends import engine as engine_loop
 options = json.loads(sys.argv[1])
 start = engine_loop.EngineGenerator.__init__
 def small_cache(self, model, layer_ids, max_model_len, tensor_parallel_size, steps=None, *rest):

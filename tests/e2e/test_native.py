@@ -111,7 +111,7 @@ import vllm
 calls = vllm.LLM.collective_rpc
 vllm.LLM.collective_rpc = lambda self, method, *a, **k: (
     [] if method == "specshim_cpu_connector" else calls(self, method, *a, **k))
-from specshim.runner.native import NativeGenerator
+from specshim.runner.extraction.backends.native import NativeGenerator
 generator = NativeGenerator(sys.argv[1], [0, 1, 2, 3], 256, 1, Path(sys.argv[2]))
 try:
     generator.generate([[5, 6, 7, 8, 9]])
@@ -143,7 +143,8 @@ import torch
 from specshim import hardware
 if not torch.cuda.is_available():
     hardware.configure_cpu()
-from specshim.runner import dataset, native
+from specshim.runner import dataset
+from specshim.runner.extraction.backends import native
 from specshim.runner.in_worker.protocol import Expected
 model, work = sys.argv[1], Path(sys.argv[2])
 prompts = [[5 + i, 6, 7, 8, 9 + i] * (i + 1) for i in range(6)]

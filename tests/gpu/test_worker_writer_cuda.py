@@ -10,7 +10,7 @@ import pytest
 import torch
 from runner.test_worker_writer import assert_written, expected
 
-from specshim.runner.worker_writer import WorkerFiles
+from specshim.runner.in_worker.writer import WorkerFiles
 
 pytestmark = pytest.mark.gpu
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specshim.runner.engine_loop import KEPT, StepCapture
 from specshim.runner.in_worker import protocol
-from specshim.runner.in_worker.protocol import Expected
-from specshim.runner.worker_writer import WorkerFiles
+from specshim.runner.in_worker.capture import StepCapture
+from specshim.runner.in_worker.protocol import KEPT, Expected
+from specshim.runner.in_worker.writer import WorkerFiles
 
 pytestmark = pytest.mark.vllm  # the real vLLM's request and sampling types
 SamplingParams = pytest.importorskip("vllm").SamplingParams

@@ -1,5 +1,5 @@
-"""The engine backend's feed (:class:`specshim.runner.engine_feed.EngineFeed`): batches sent to
-vLLM's engine as they come, the engine stepped only until no more than two steps of tokens
+"""The engine backend's feed (:class:`specshim.runner.extraction.backends.feed.EngineFeed`): batches
+sent to vLLM's engine as they come, the engine stepped only until no more than two steps of tokens
 wait, so the caller's work between batches overlaps the engine's.
 
 vLLM's engine is a fake here (``FakeEngineForTheFeed``): what is tested is the feed's
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specshim.runner.engine_feed import EngineFeed
+from specshim.runner.extraction.backends.feed import EngineFeed
 from specshim.runner.in_worker.protocol import Expected
 
 pytestmark = pytest.mark.vllm  # the feed builds the real vLLM's requests

@@ -11,6 +11,8 @@ import pytest
 from specshim import cli
 from specshim.runner import dataset, extraction, files
 from specshim.runner.extraction import backends, options, recording, resume, verify
+from specshim.runner.extraction.backends.engine import EngineBackend
+from specshim.runner.extraction.backends.generator import GeneratorBackend
 from specshim.runner.in_worker.protocol import Expected
 
 torch = pytest.importorskip("torch")
@@ -288,6 +290,17 @@ def test_states_that_cannot_be_right_are_refused(states, problem) -> None:
         recording._checked(result([4, 5, 6], *states), sample(2, [4, 5, 6], line=8), 63, [1, 5])
 
 
+def rpc(generator: object) -> GeneratorBackend:
+    """The generator backend with the ``rpc`` hand-off (this process writes), started on
+    ``generator`` (a fake)."""
+    return GeneratorBackend("asked for", "rpc", generator=generator)
+
+
+def engine(generator: object) -> EngineBackend:
+    """The engine backend (vLLM's worker writes), started on ``generator`` (a fake)."""
+    return EngineBackend("asked for", generator=generator)
+
+
 class FakeGeneratorWithNaNInOneSample:
     """Stands in for speculators' generator, which real vLLM never makes return NaN: each
     prompt's states are ones, except the prompt ``bad``'s."""
@@ -309,7 +322,7 @@ def test_a_refused_sample_stops_the_run_with_its_line_and_keeps_the_others(tmp_p
     todo = [sample(i, [10 + i, 11, 12]) for i in range(6)]
     generator = FakeGeneratorWithNaNInOneSample(bad=todo[4].input_ids)
     with pytest.raises(options.ExtractionError, match=r"^line 5 \(data_4.pt\), layer 1: states"):
-        recording.run(generator, tmp_path, todo, ["fp"] * 6, todo, 2, 63, False, "rpc")
+        recording.run(rpc(generator), tmp_path, todo, ["fp"] * 6, todo, 2, 63, False)
     assert not (tmp_path / "data_4.pt").exists()
     recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert recorded and "data_4.pt" not in recorded  # (which others: up to the threads)
@@ -382,8 +395,7 @@ def test_the_worker_is_asked_for_its_files_every_128_prompts_not_every_batch(tmp
     the end, where every file is recorded."""
     todo = [sample(i, [10 + i, 11, 12]) for i in range(300)]
     generator = FakeEngineGenerator()
-    recording.run(generator, tmp_path, todo, ["fp"] * 300, todo, 8, 63, False,
-                 backends.ENGINE_IN_WORKER)  # fmt: skip
+    recording.run(engine(generator), tmp_path, todo, ["fp"] * 300, todo, 8, 63, False)
     assert recording.RECORD_EVERY == 128 and generator.files.askings == [False, False, True]
     assert len(files.Ledger(tmp_path / resume.LEDGER).entries()) == 300
 
@@ -394,8 +406,7 @@ def test_a_sample_the_worker_refused_stops_the_run_after_recording_the_others(tm
     todo = [sample(i, [10 + i, 11, 12]) for i in range(20)]
     generator = FakeEngineGenerator(refuse="data_3.pt")
     with pytest.raises(options.ExtractionError, match=r"^line 4 \(data_3.pt\), layer 1: states"):
-        recording.run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
-                     backends.ENGINE_IN_WORKER)  # fmt: skip
+        recording.run(engine(generator), tmp_path, todo, ["fp"] * 20, todo, 8, 63, False)
     recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(20) if i != 3)
 
@@ -407,8 +418,7 @@ def test_a_failed_run_records_the_files_the_worker_finished_before_it(tmp_path) 
     todo = [sample(i, [10 + i, 11, 12]) for i in range(200)]
     generator = FakeEngineGenerator(fail_at=15)
     with pytest.raises(RuntimeError, match="engine core died"):
-        recording.run(generator, tmp_path, todo, ["fp"] * 200, todo, 8, 63, False,
-                     backends.ENGINE_IN_WORKER)  # fmt: skip
+        recording.run(engine(generator), tmp_path, todo, ["fp"] * 200, todo, 8, 63, False)
     assert generator.files.askings == [False, True]
     recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(112))
@@ -426,8 +436,7 @@ def test_a_sample_whose_ids_the_check_refuses_is_not_recorded_though_its_file_wa
     generator = FakeEngineGenerator(other_ids=13)
     with pytest.raises(options.ExtractionError, match=r"^line 4 \(data_3.pt\): the generator "
                        r"returned other input ids than the row's \(4 vs 3 tokens\)"):  # fmt: skip
-        recording.run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
-                     backends.ENGINE_IN_WORKER)  # fmt: skip
+        recording.run(engine(generator), tmp_path, todo, ["fp"] * 20, todo, 8, 63, False)
     assert (tmp_path / "data_3.pt").exists()  # the worker wrote it
     recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert sorted(recorded) == ["data_0.pt", "data_1.pt", "data_2.pt"]
@@ -442,8 +451,7 @@ def test_a_sample_the_worker_never_reported_fails_the_run_naming_it(tmp_path) ->
         r"^vLLM's worker never reported 1 announced samples, the first line 6 \(data_5.pt\): "
         r"run the same command to extract them$"
     )):  # fmt: skip
-        recording.run(generator, tmp_path, todo, ["fp"] * 20, todo, 8, 63, False,
-                     backends.ENGINE_IN_WORKER)  # fmt: skip
+        recording.run(engine(generator), tmp_path, todo, ["fp"] * 20, todo, 8, 63, False)
     recorded = files.Ledger(tmp_path / resume.LEDGER).entries()
     assert sorted(recorded) == sorted(f"data_{i}.pt" for i in range(20) if i != 5)
 
@@ -472,7 +480,7 @@ def test_a_generator_handoff_with_a_backend_writing_in_the_worker_is_refused(
 
 @pytest.mark.parametrize("handoff", ["rpc"])
 def test_auto_with_a_generator_handoff_runs_the_generator(handoff: str) -> None:
-    assert backends.choose("auto", 1, handoff) == (
+    assert backends.choose_name("auto", 1, handoff) == (
         "generator", f"auto: --handoff {handoff} asked for, a hand-off of speculators' generator"
     )  # fmt: skip
 

@@ -9,29 +9,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specshim.runner import handoff
+from specshim.runner.extraction.backends import generator as handoff
+from specshim.runner.in_worker import ring
 
 
 def test_a_list_of_layers_stays_a_list_of_layers() -> None:
     layers = [torch.ones(3, 4), torch.zeros(3, 4)]
-    assert handoff.each_tensor(layers, lambda t: t.shape) == [(3, 4), (3, 4)]
+    assert ring.each_tensor(layers, lambda t: t.shape) == [(3, 4), (3, 4)]
 
 
 def test_a_dict_by_request_keeps_its_keys_and_layers() -> None:
     """speculators 0.4.x reads ``reply[req_id]``: changing the dict itself would hand it
     the keys as tensors."""
     states = {"req_0_0": [torch.ones(2, 4)], "req_0_1": [torch.zeros(5, 4)]}
-    changed = handoff.each_tensor(states, lambda t: t.shape[0])
+    changed = ring.each_tensor(states, lambda t: t.shape[0])
     assert changed == {"req_0_0": [2], "req_0_1": [5]}
 
 
 def test_nothing_captured_stays_none() -> None:
-    assert handoff.each_tensor(None, lambda t: t) is None
+    assert ring.each_tensor(None, lambda t: t) is None
 
 
 def test_an_unknown_shape_is_named() -> None:
     with pytest.raises(TypeError, match="found tuple"):
-        handoff.each_tensor((torch.ones(1),), lambda t: t)
+        ring.each_tensor((torch.ones(1),), lambda t: t)
 
 
 @pytest.mark.parametrize("gone", ["nccl", "ipc", "shm"])

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specshim.runner.handoff import HostBuffer
-from specshim.runner.host_ring import HostRing
+from specshim.runner.in_worker.ring import HostBuffer, HostRing
 
 MIB = 1 << 20
 

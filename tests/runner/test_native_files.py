@@ -1,6 +1,7 @@
-"""``specshim.runner.native.NativeFiles``: the caller's side of specshim's connector, on real
-lock files held as vLLM's connector holds them (``flock(LOCK_EX)`` on ``<file>.lock`` until
-its writer thread has written the outcome). The whole path on vLLM: tests/e2e/test_native.py."""
+"""``specshim.runner.extraction.backends.native.NativeFiles``: the caller's side of specshim's
+connector, on real lock files held as vLLM's connector holds them (``flock(LOCK_EX)`` on
+``<file>.lock`` until its writer thread has written the outcome). The whole path on vLLM:
+tests/e2e/test_native.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import os
 import threading
 from pathlib import Path
 
-from specshim.runner import native
-from specshim.runner.engine_feed import EngineFeed
+from specshim.runner.extraction.backends import native
+from specshim.runner.extraction.backends.feed import EngineFeed
 from specshim.runner.in_worker import protocol
 from specshim.runner.in_worker.protocol import Expected
 

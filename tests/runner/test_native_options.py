@@ -1,5 +1,5 @@
-"""``specshim.runner.native.engine_options``: what the native path asks of vLLM, read from the
-installed vLLM where releases differ (the whole path: tests/e2e/test_native.py)."""
+"""``specshim.runner.extraction.backends.native.engine_options``: what the native path asks of vLLM,
+read from the installed vLLM where releases differ (the whole path: tests/e2e/test_native.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specshim.runner import native
+from specshim.runner.extraction.backends import native
 
 
 def options(tmp_path: Path) -> dict[str, object]:

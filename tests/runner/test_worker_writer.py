@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specshim.runner.in_worker.protocol import Expected
-from specshim.runner.worker_writer import WRITERS_VARIABLE, WorkerFiles
+from specshim.runner.in_worker.writer import WRITERS_VARIABLE, WorkerFiles
 
 
 def expected(tmp_path: Path, lengths: list[int]) -> list[Expected]:
@@ -85,7 +85,7 @@ def test_a_whole_replys_samples_are_out_to_one_process_at_once(tmp_path, monkeyp
 def test_the_worker_says_where_its_time_went(tmp_path) -> None:
     """``state()`` reports each step's seconds: the fetch, the split and the writers' check
     and save, so a slow run on a GPU shows which of them it is."""
-    from specshim.runner import worker_writer
+    from specshim.runner.in_worker import writer as worker_writer
 
     class FakeWorker:  # vLLM's worker as far as the hand-off touches it
         rank = 0
@@ -94,11 +94,12 @@ def test_the_worker_says_where_its_time_went(tmp_path) -> None:
             return [torch.randn(5, 8)]
 
     worker = FakeWorker()
-    assert worker_writer._install(worker, [2])
-    worker_writer._expect(worker, expected(tmp_path, [5]))
+    assert worker_writer.install_in_worker(worker, [2])
+    worker_writer.expect_in_worker(worker, expected(tmp_path, [5]))
     reply = worker._get_captured_states()
     assert [tuple(t.shape) for t in reply] == [(5, 0)]
-    assert worker_writer._finished(worker, wait=True) == [(str(tmp_path / "data_0.pt"), None)]
+    done = worker_writer.finished_in_worker(worker, wait=True)
+    assert done == [(str(tmp_path / "data_0.pt"), None)]
     found = worker_writer.state(worker)
     assert found is not None and found["written"] == 1 and found["replies"] == 1
     assert {
@@ -249,7 +250,7 @@ def test_a_process_the_worker_left_while_it_wrote_finishes_the_file_quietly(
 
 
 def test_a_writer_process_that_exits_before_it_is_ready_is_one_line(monkeypatch) -> None:
-    from specshim.runner import writer_processes
+    from specshim.runner.in_worker import writer_processes
 
     monkeypatch.setattr(writer_processes.sys, "executable", "/bin/false")  # exits with 1
     writer = WorkerFiles(layers=[1], writers=2)
@@ -269,7 +270,7 @@ def _fake_full_shm(room: int, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
     import os
 
-    from specshim.runner import handoff
+    from specshim.runner.in_worker import ring as handoff
 
     real = os.posix_fallocate
 

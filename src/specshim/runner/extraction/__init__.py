@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specshim.runner import dataset, files, native, remote_code
-from specshim.runner import handoff as handoffs
+from specshim.runner import dataset, files, remote_code
 from specshim.runner.extraction import backends, final_files, options, recording, resume
 from specshim.runner.extraction import verify as verification
+from specshim.runner.extraction.backends.base import Launch
 from specshim.runner.progress import Progress
 
 
@@ -50,7 +50,7 @@ class Summary:
     redone: list[int] = field(default_factory=list)  # lines whose earlier file was not kept
     removed: int = 0  # stale data_i.pt beyond the current samples
     verified: str = ""
-    handoff: str = "rpc"  # how the states left vLLM's worker (specshim.runner.handoff)
+    handoff: str = "rpc"  # how the states left vLLM's worker (Backend.handoff)
     backend: str = "generator"  # who made the states, and for --backend auto, why
     # how much one engine step took at most, and vLLM's memory fraction:
     # "32 prompts, 8,192 tokens (gpu_memory_utilization 0.8)"
@@ -126,25 +126,12 @@ def extract(
     resume keeps), then, with ``verify``, re-extract that many random samples one at a time
     and compare them with the batched files. Every input and option is checked before vLLM
     starts; ``specshim_extract.json`` is written only once it has. Files specshim did not
-    write that the run would replace or remove (:func:`not_written_here`) stop it before
-    anything changes, unless ``overwrite``. The model's own code runs, here and in vLLM, only
-    with ``trust_remote_code`` (:mod:`specshim.runner.remote_code`)."""
+    write that the run would replace or remove
+    (:func:`~specshim.runner.extraction.resume.not_written_here`) stop it before anything changes,
+    unless ``overwrite``. The model's own code runs, here and in vLLM, only with
+    ``trust_remote_code`` (:mod:`specshim.runner.remote_code`)."""
     options.check_numbers(batch_size, max_model_len, tensor_parallel_size, verify, engine, backend)
-    if backend not in native.BACKENDS:
-        raise options.ExtractionError(
-            f"--backend must be one of {', '.join(native.BACKENDS)}, got {backend!r}"
-        )
-    if handoff in handoffs.FOR_GENERATOR and backend in ("native", "engine"):
-        raise options.ExtractionError(
-            f"--handoff {handoff} is how speculators' generator hands its states over; the "
-            f"{backend} backend writes in vLLM's worker: leave --handoff out, or ask for "
-            "--backend generator"
-        )
-    asked_handoff = handoff
-    try:
-        handoff = handoffs.choose(handoff, tensor_parallel_size)
-    except ValueError as exc:
-        raise options.ExtractionError(str(exc)) from None
+    generator_handoff = backends.checked_handoff(backend, handoff, tensor_parallel_size)
     config = options.model_config(model, trust_remote_code)
     layers = options.choose_layers(options.text_config(config).num_hidden_layers, layers)
     options.check_length(config, max_model_len)
@@ -156,11 +143,7 @@ def extract(
     from specshim import hardware
 
     hardware.prepare_for_vllm(tensor_parallel_size)
-    backend, why = backends.choose(backend, tensor_parallel_size, asked_handoff)
-    if backend == "native":  # who writes is known once vLLM runs (below)
-        handoff = backends.NATIVE_READ_BACK
-    elif backend == "engine":
-        handoff = backends.ENGINE_IN_WORKER
+    chosen = backends.choose(backend, tensor_parallel_size, handoff, generator_handoff)
     specshim.apply()
     tokenizer = remote_code.tokenizer(model, trust_remote_code)
     skipped: list[dataset.BadRow] = []
@@ -184,26 +167,22 @@ def extract(
     if work.todo or verify or not final_files.config_current(out, len(samples)):
         with (
             remote_code.in_speculators(trust_remote_code, remote_code.EXTRACTION_LOADERS),
-            backends.start(
-                model, layers, max_model_len, tensor_parallel_size, handoff, backend, out,
-                engine, trust_remote_code,
-            ) as generator,
+            backends.running(chosen, Launch(
+                model, layers, max_model_len, tensor_parallel_size, out, engine, trust_remote_code
+            )) as generator,
         ):  # fmt: skip
-            if backend == "native" and generator.files is not None:
-                handoff = backends.NATIVE_IN_WORKER
             taken = _engine_taken(generator)
             # only now: a failed start leaves nothing; the claim before any sample is written
             claim = {resume.CLAIMED: max(claimed, len(samples))}
             files.save_json(out / resume.MANIFEST, {**settings, **claim})
             files.Ledger(out / resume.LEDGER).keep(work.kept)
             extracted = recording.run(
-                generator, out, work.todo, prints, samples, batch_size, limit, progress, handoff
+                chosen, out, work.todo, prints, samples, batch_size, limit, progress
             )
             final_files.save_data_config(generator, out, data, max_model_len, len(samples))
             if verify:
                 verified = verification.compare(generator, out, samples, verify, layers)
-            if backend == "engine":
-                recomputed = generator.recomputed()
+            recomputed = chosen.recomputed()
     files.save_torch(out / "token_freq.pt", final_files.token_freq(samples, limit))
     files.save_json(
         out / "sample_lengths.json",
@@ -220,8 +199,8 @@ def extract(
         redone=work.redone,
         removed=len(work.stale),
         verified=verified,
-        handoff=handoff,
-        backend=f"{backend} ({why})",
+        handoff=chosen.handoff,
+        backend=f"{chosen.name} ({chosen.why})",
         engine=taken,
         recomputed=recomputed,
     )

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specshim.runner import dataset, engine_loop, files, native, worker_writer
-from specshim.runner.extraction import backends, options, resume
+from specshim.runner import dataset, files
+from specshim.runner.extraction import options, resume
+from specshim.runner.extraction.backends.base import Backend, WorkerFiles
+from specshim.runner.in_worker.checks import sample_problem
 from specshim.runner.in_worker.protocol import Expected, Report
 from specshim.runner.progress import Progress
-from specshim.runner.samples import sample_problem
 
 
 class Interrupted(KeyboardInterrupt):
@@ -68,7 +69,7 @@ def _checked(
 
 
 def run(
-    generator: Any,
+    backend: Backend,
     out: Path,
     todo: list[dataset.Sample],
     prints: list[str],
@@ -76,7 +77,6 @@ def run(
     batch_size: int,
     limit: int,
     progress: bool,
-    handoff: str,
 ) -> Progress:
     """Extract ``todo`` in batches; each file is recorded in the ledger once it is in place.
 
@@ -86,14 +86,14 @@ def run(
     ledger = files.Ledger(out / resume.LEDGER)
     with _noting_ctrl_c() as pressed:
         try:
-            with _writer(handoff, generator, ledger, out, prints, batch_size, limit) as writer:
+            with _writer(backend, ledger, out, prints, batch_size, limit) as writer:
                 # timed from here, once vLLM and the writer have started (the worker hand-off
                 # starts its writer processes in _writer: seconds, a cost of starting)
                 bar.restart()
                 for start in range(0, len(todo), batch_size):
                     batch = todo[start : start + batch_size]
                     writer.announce(batch)
-                    writer.take(batch, generator.generate([s.input_ids for s in batch]))
+                    writer.take(batch, backend.submit([s.input_ids for s in batch]))
                     bar.update(len(batch), sum(min(len(s.input_ids), limit) for s in batch))
             bar.update(0, 0)  # the last file is in place: the throughput counts the writing
         except Exception:
@@ -141,13 +141,13 @@ RECORD_EVERY = 128
 @dataclass
 class _WorkerWrites:
     """vLLM's worker checks and writes the files (the generator backend's ``worker`` hand-off,
-    :mod:`specshim.runner.worker_writer`, the native backend's connector,
-    :mod:`specshim.runner.native_connector`, or the engine backend's capture); this process
+    :mod:`specshim.runner.in_worker.writer`, the native backend's connector,
+    :mod:`specshim.runner.in_worker.connector`, or the engine backend's capture); this process
     checks what the generator returned and records the files the worker finished, every
     :data:`RECORD_EVERY` prompts and at the end."""
 
     generator: Any
-    client: worker_writer.WorkerFilesClient | native.NativeFiles | engine_loop.EngineFiles
+    client: WorkerFiles
     ledger: files.Ledger
     out: Path
     prints: list[str]
@@ -210,22 +210,19 @@ class _WorkerWrites:
 
 @contextlib.contextmanager
 def _writer(
-    handoff: str,
-    generator: Any,
+    backend: Backend,
     ledger: files.Ledger,
     out: Path,
     prints: list[str],
     batch_size: int,
     limit: int,
 ) -> Iterator[_CallerWrites | _WorkerWrites]:
-    """Who writes the files for ``handoff``; on the way out, what was handed over is written
-    (and recorded) before the caller goes on."""
-    client: worker_writer.WorkerFilesClient | native.NativeFiles | engine_loop.EngineFiles
-    if handoff == "worker":
-        client = worker_writer.WorkerFilesClient(generator, generator.layer_ids)
-    elif handoff in (backends.NATIVE_IN_WORKER, backends.ENGINE_IN_WORKER):
-        client = generator.files
-    else:
+    """Who writes the files: vLLM's worker where ``backend`` has it write them, else this
+    process; on the way out, what was handed over is written (and recorded) before the caller
+    goes on."""
+    generator = backend.generator
+    client = backend.worker_files()
+    if client is None:
         with files.BackgroundWriter(depth=2 * batch_size, ledger=ledger) as background:
             yield _CallerWrites(generator, background, out, prints, limit)
         return

@@ -24,6 +24,9 @@ from typing import Any
 #: The ``SamplingParams.extra_args`` key of a sample's announcement. Not under
 #: ``kv_transfer_params``: vLLM warns for each such request where no connector runs.
 ANNOUNCED = "specshim_sample"
+#: The ``SamplingParams.extra_args`` key of a request whose states the worker keeps for the
+#: caller (not announced: ``extract --verify``'s).
+KEPT = "specshim_kept"
 #: What the native connector writes in a request's lock file once the sample's file is in
 #: place (else the problem that kept it from being written).
 WRITTEN = "written"
@@ -111,6 +114,11 @@ def columnless_like(tensor: Any) -> Any:
     import torch
 
     return torch.empty((tensor.shape[0], 0), dtype=tensor.dtype)
+
+
+def per_layer(states: Any) -> list[Any]:
+    """The connector's ``[tokens, layers, hidden]`` states as one tensor per layer."""
+    return [states[:, i] for i in range(states.shape[1])]
 
 
 def rank0(replies: list[Any]) -> Any:

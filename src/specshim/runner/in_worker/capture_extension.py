@@ -1,5 +1,5 @@
 """The engine backend's side in vLLM's worker: speculators' capture, routed per step to
-:class:`specshim.runner.engine_loop.StepCapture`.
+:class:`specshim.runner.in_worker.capture.StepCapture`.
 
 Its own module because it subclasses speculators' worker extension: only vLLM's worker
 processes import it (``worker_extension_cls``), once specshim's adapters are applied there.
@@ -12,14 +12,15 @@ from typing import Any
 
 from speculators.data_generation.custom_worker import HiddenStatesWorkerExtension
 
-from specshim.runner.engine_loop import StepCapture
+from specshim.runner.in_worker.capture import StepCapture
 from specshim.runner.in_worker.protocol import Report
-from specshim.runner.worker_writer import WorkerFiles, on_cuda
+from specshim.runner.in_worker.writer import WorkerFiles, on_cuda
 
 
 class EngineCapture(HiddenStatesWorkerExtension):  # type: ignore[misc]  # speculators: untyped
-    """Mixed into vLLM's worker by :class:`specshim.runner.engine_loop.EngineGenerator`; its
-    methods run through ``LLM.collective_rpc``."""
+    """Mixed into vLLM's worker by
+    :class:`specshim.runner.extraction.backends.engine.EngineGenerator`; its methods run through
+    ``LLM.collective_rpc``."""
 
     def specshim_engine_install(self, layers: list[int]) -> bool:
         """Set up speculators' capture of ``layers`` (every rank runs the same forward); on

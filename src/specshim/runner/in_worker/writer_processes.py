@@ -2,9 +2,9 @@
 
 Written on threads, ``torch.save`` would hold the GIL of vLLM's worker process, whose engine
 loop needs it for every step it launches. Here each file is written by a process of its own: the
-worker copies a sample's states into a :class:`specshim.runner.host_ring.HostRing` and sends
+worker copies a sample's states into a :class:`specshim.runner.in_worker.ring.HostRing` and sends
 a :class:`WriteJob` (where the states lie in it, the token ids, the file); the process maps
-the same memory, checks the sample (:func:`specshim.runner.samples.sample_problem`), writes
+the same memory, checks the sample (:func:`specshim.runner.in_worker.checks.sample_problem`), writes
 ``data_{i}.pt`` atomically (:func:`specshim.runner.files.save_torch`) and answers with a
 :class:`Written`. The tensors it saves are views of the shared memory with storages of their
 own size (``torch.frombuffer``), so the file holds what the states were, bit for bit, and
@@ -21,7 +21,7 @@ processes leave when the worker closes their socket (or dies): they finish the f
 first, and leave without answering for it where the socket is gone. They ignore Ctrl-C: the
 worker decides when to stop, and resume rewrites whatever it had not reported.
 
-Run as ``python -m specshim.runner.writer_processes FD``: FD is the process's end of its
+Run as ``python -m specshim.runner.in_worker.writer_processes FD``: FD is the process's end of its
 socket pair with the worker.
 """
 
@@ -40,8 +40,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from specshim.runner import dataset, files
+from specshim.runner.in_worker.checks import sample_problem
 from specshim.runner.in_worker.protocol import Expected
-from specshim.runner.samples import sample_problem
 
 #: Processes a worker starts: half the machine's cores, from one to eight.
 WRITER_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
@@ -272,6 +272,6 @@ def serve(connection: Connection) -> None:
 
 
 if __name__ == "__main__":  # under its own name, so that what it sends unpickles in the worker
-    from specshim.runner import writer_processes
+    from specshim.runner.in_worker import writer_processes
 
     writer_processes.serve(Connection(int(sys.argv[1])))

@@ -1,65 +1,57 @@
-"""``specshim extract --backend native``: vLLM's own hidden-state extraction behind the
-interface ``extract`` uses from speculators' generator.
+"""``specshim extract --backend native``: vLLM's own hidden-state extraction (the
+``extract_hidden_states`` speculative method and its ``ExampleHiddenStatesConnector``, vLLM >=
+0.18) behind the interface ``extract`` uses from speculators' generator.
 
-vLLM 0.18 and later extract hidden states themselves: the ``extract_hidden_states``
-speculative method caches the chosen layers' states and its ``ExampleHiddenStatesConnector``
-writes each finished request's states to a safetensors file (speculators >= 0.5 generates its
-data this way). :class:`NativeGenerator` drives that path through vLLM's ``LLM`` and hands
-``extract`` the same records speculators' generator returns (``input_ids``, one
-``[tokens, hidden]`` tensor per layer), so resume, the guards, the writer and the files are
-those of the generator backend.
-
-Where the installed vLLM allows it (:func:`writes_in_worker`), the files are written by vLLM's
-worker: ``extract`` announces each sample (:meth:`NativeFiles.expect`), the request carries its
-file and loss mask to specshim's subclass of the connector
-(:mod:`specshim.runner.native_connector`), whose writer threads write ``data_{i}.pt``
-themselves, and ``generate`` returns states without columns, as the ``worker`` hand-off of the
-generator backend does (:mod:`specshim.runner.worker_writer`); the announced requests go to
-vLLM's engine through the engine backend's feed (:class:`specshim.runner.engine_feed.EngineFeed`),
-so the engine does not run dry between ``extract``'s batches. Elsewhere, and for requests not
-announced, ``LLM.generate`` runs them and the caller reads vLLM's safetensors files back, and
-``extract`` writes them.
-
-Layer ids: ``extract`` speaks speculators 0.3/0.4's numbering (id ``k``: the output of
-decoder layer ``k``); vLLM's numbers the state entering layer ``k``, so it is asked for
-``k + 1`` (:mod:`specshim.runner.layer_ids`).
-
-On vLLM's CPU backend two things are needed, both scoped to this engine: its engine core runs
-in its own process (in the caller's, the connector writes a request's file only at the next
-engine step, which never comes once ``generate`` returned, and the caller waits on the file's
-lock forever), and the connector's CUDA calls (a copy stream, events, pinned memory) get a CPU
-stand-in in the worker (:meth:`CpuConnectorExtension.specshim_cpu_connector`), without which
-the first write fails: ``pin_memory=True requires a CUDA or other accelerator backend``.
+Where the installed vLLM allows it (:func:`writes_in_worker`), vLLM's worker writes the files:
+each announced request carries its sample to specshim's connector
+(:mod:`specshim.runner.in_worker.connector`), the requests go to vLLM's engine through the
+:class:`~specshim.runner.extraction.backends.feed.EngineFeed`, and ``generate`` returns states
+without columns. Elsewhere, and for requests not announced, ``LLM.generate`` runs them and
+this process reads vLLM's safetensors files back. vLLM is asked for the layers by its own
+numbering (:mod:`specshim.runner.layer_ids`). On vLLM's CPU backend the engine core runs in
+its own process (in the caller's, the connector writes a request's file only at the next
+engine step, which never comes once ``generate`` returned) and the connector's CUDA calls get a
+CPU stand-in (:mod:`specshim.runner.in_worker.cpu_connector`).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import fcntl
 import os
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specshim import console
-from specshim.runner import engine_feed, files, remote_code
-from specshim.runner.engine_feed import EngineFeed
-from specshim.runner.in_worker.protocol import WRITTEN, Announcements, Expected, Report, columnless
+from specshim.runner import files
+from specshim.runner.extraction.backends import feed
+from specshim.runner.extraction.backends.base import Started
+from specshim.runner.extraction.backends.feed import EngineFeed
+from specshim.runner.extraction.backends.llm import LLMGenerator, llm_options
+from specshim.runner.in_worker.cpu_connector import CONNECTOR
+from specshim.runner.in_worker.protocol import (
+    WRITTEN,
+    Announcements,
+    Expected,
+    Report,
+    columnless,
+    per_layer,
+)
 from specshim.runner.layer_ids import vllm_ids
 
-#: Where ``specshim extract``'s hidden states come from: speculators' generator (patched by
-#: specshim), vLLM's own ``extract_hidden_states`` path (this module, vLLM >= 0.18),
-#: speculators' capture inside vLLM's own engine loop (:mod:`specshim.runner.engine_loop`),
-#: or ``auto``, one of them from the matrix and the installed vLLM
-#: (:func:`specshim.report.choose_backend`). The samples are the same each way.
-BACKENDS = ("auto", "generator", "native", "engine")
+if TYPE_CHECKING:
+    from specshim.runner.extraction.backends.base import Launch
 
-#: vLLM's writer of the native path, in the worker.
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+#: Who writes the native backend's files (the summary names it): vLLM's worker, through
+#: specshim's connector, where the installed vLLM allows it; else this process, from the
+#: connector's own files.
+NATIVE_IN_WORKER = "vLLM's worker, through specshim's hidden-states connector"
+NATIVE_READ_BACK = "the files of vLLM's hidden-states connector"
 #: specshim's subclass of it, which writes announced samples as ``data_{i}.pt`` itself.
-OWN_CONNECTOR = ("specshim.runner.native_connector", "SpecshimHiddenStatesConnector")
+OWN_CONNECTOR = ("specshim.runner.in_worker.connector", "SpecshimHiddenStatesConnector")
 #: States (bytes) that may wait in vLLM's host memory for its connector's writer threads
 #: (:class:`NativeFiles`); beyond that, announcing waits for the oldest files.
 PENDING_BYTES = 4 << 30
@@ -75,11 +67,6 @@ OWN_CONNECTOR_NEEDS = (
 ONE_RANK_WRITES = "self._is_tp_rank_zero"
 
 
-def per_layer(states: Any) -> list[Any]:
-    """The connector's ``[tokens, layers, hidden]`` states as one tensor per layer."""
-    return [states[:, i] for i in range(states.shape[1])]
-
-
 def writes_in_worker(tensor_parallel_size: int = 1) -> bool:
     """Whether specshim's connector can write the files in vLLM's worker here: the installed
     vLLM's connector has what it overrides (:data:`OWN_CONNECTOR_NEEDS`, in vLLM 0.22.1 and
@@ -90,76 +77,6 @@ def writes_in_worker(tensor_parallel_size: int = 1) -> bool:
     source = kit.module_source(CONNECTOR) or ""
     needs = OWN_CONNECTOR_NEEDS + ((ONE_RANK_WRITES,) if tensor_parallel_size > 1 else ())
     return all(needed in source for needed in needs)
-
-
-class _CompletedEvent:
-    """``torch.cuda.Event`` on the CPU: the copy it marks ran synchronously."""
-
-    def record(self, stream: Any = None) -> None:
-        """Nothing to record: the copy is already done."""
-
-    def query(self) -> bool:
-        """Always complete."""
-        return True
-
-    def synchronize(self) -> None:
-        """Nothing to wait for."""
-
-
-class _CpuStream:
-    """``torch.cuda.Stream`` on the CPU: one ordered stream of work, the caller's."""
-
-    def wait_event(self, event: Any) -> None:
-        """Nothing to wait for."""
-
-
-class _CpuCuda:
-    """What the connector takes from ``torch.cuda``, for vLLM's CPU backend."""
-
-    Event = _CompletedEvent
-    Stream = _CpuStream
-
-    @staticmethod
-    def stream(stream: Any) -> contextlib.nullcontext[None]:
-        """The caller's stream is the only one."""
-        return contextlib.nullcontext()
-
-
-def _cpu_torch() -> Any:
-    """``torch`` for the connector module on the CPU: its own ``cuda`` stand-in, and
-    ``empty_like`` without ``pin_memory``; everything else is torch itself."""
-    import torch
-
-    from specshim.adapters.kit import Proxy
-
-    class CpuTorch(Proxy):
-        cuda = _CpuCuda
-
-        def empty_like(self, tensor: Any, **kwargs: Any) -> Any:
-            kwargs.pop("pin_memory", None)
-            return torch.empty_like(tensor, **kwargs)
-
-    return CpuTorch(torch)
-
-
-class CpuConnectorExtension:
-    """Mixed into vLLM's worker (``worker_extension_cls``) by :class:`NativeGenerator`."""
-
-    def specshim_cpu_connector(self) -> bool:
-        """On vLLM's CPU backend, give the connector module the CPU stand-in; True if it did.
-
-        The connector reads ``torch`` from its module's globals at each write, so replacing
-        that one name covers every CUDA call it makes, and only in this engine's workers.
-        """
-        import importlib
-
-        from vllm.platforms import current_platform
-
-        if not current_platform.is_cpu():
-            return False
-        connector = importlib.import_module(CONNECTOR)
-        connector.torch = _cpu_torch()  # type: ignore[attr-defined]
-        return True
 
 
 #: vLLM's config module, and what 0.22's says where the example connector meets chunked
@@ -176,24 +93,6 @@ def _connector_refuses_chunked_prefill() -> bool:
     from specshim.adapters import kit  # wrapt: not at import, where the CLI builds its parser
 
     return CHUNKED_PREFILL_REFUSAL in (kit.module_source(VLLM_CONFIG) or "")
-
-
-def llm_options(
-    model: str, max_model_len: int, tensor_parallel_size: int, worker_extension_cls: str
-) -> dict[str, Any]:
-    """``LLM(...)``'s arguments shared by the backends that run vLLM's ``LLM``, vLLM set up as
-    speculators' generator sets it up: eager (speculators' forward is Python), no prefix
-    caching (every token's states must be computed), a memory fraction of 0.8; the worker
-    mixes in ``worker_extension_cls``."""
-    return {
-        "model": model,
-        "max_model_len": max_model_len,
-        "tensor_parallel_size": tensor_parallel_size,
-        "enable_prefix_caching": False,
-        "enforce_eager": True,
-        "gpu_memory_utilization": 0.8,
-        "worker_extension_cls": worker_extension_cls,
-    }
 
 
 def engine_options(
@@ -213,7 +112,7 @@ def engine_options(
         if own_connector
         else {"kv_connector": "ExampleHiddenStatesConnector"}
     )
-    extension = f"{__name__}.CpuConnectorExtension"
+    extension = "specshim.runner.in_worker.cpu_connector.CpuConnectorExtension"
     return {
         **llm_options(model, max_model_len, tensor_parallel_size, extension),
         **({"enable_chunked_prefill": False} if _connector_refuses_chunked_prefill() else {}),
@@ -244,7 +143,7 @@ class _Writing:
 class NativeFiles(Announcements):
     """The caller's side of specshim's connector: announce samples before the ``generate``
     that extracts them, collect the files the worker finished (the interface of
-    :class:`specshim.runner.worker_writer.WorkerFilesClient`).
+    :class:`specshim.runner.extraction.backends.generator.WorkerFilesClient`).
 
     ``generate`` returns before the worker's files are written, and vLLM's connector keeps
     each finished request's states in host memory until its writer threads save them, with
@@ -330,41 +229,6 @@ def _states_path(output: Any) -> str:
     return str(told["hidden_states_path"])
 
 
-class LLMGenerator:
-    """speculators' generator's interface over vLLM's ``LLM``, for the backends that run it.
-
-    ``model_path``, ``layer_ids``, ``tensor_parallel_size`` and ``vllm_config`` are what
-    speculators' ``DataGenerationConfig.from_generator`` reads; ``generate`` (each backend's)
-    cuts every sequence to ``max_model_len - 1`` tokens (:meth:`cut`) as the generator does.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        layer_ids: list[int],
-        max_model_len: int,
-        tensor_parallel_size: int,
-        options: dict[str, Any],
-        trust_remote_code: bool = False,
-    ) -> None:
-        from vllm import LLM
-
-        self.model_path = model
-        self.layer_ids = layer_ids
-        self.tensor_parallel_size = tensor_parallel_size
-        self.max_model_len = max_model_len
-        self.llm = LLM(**options, **remote_code.vllm_options(trust_remote_code))
-        self.vllm_config = self.llm.llm_engine.vllm_config
-
-    def cut(self, token_ids: list[list[int]]) -> list[list[int]]:
-        """Each sequence as the generator runs it: at most ``max_model_len - 1`` tokens."""
-        return [ids[: self.max_model_len - 1] for ids in token_ids]
-
-    def shutdown(self) -> None:
-        """Stop vLLM's engine and its processes."""
-        self.llm.llm_engine.engine_core.shutdown()
-
-
 class NativeGenerator(LLMGenerator):
     """vLLM's ``extract_hidden_states`` path with speculators' generator's interface.
 
@@ -395,7 +259,7 @@ class NativeGenerator(LLMGenerator):
         model_config = self.vllm_config.model_config
         state_bytes = getattr(model_config.dtype, "itemsize", 2)  # a torch.dtype once resolved
         per_token = model_config.get_hidden_size() * len(layer_ids) * state_bytes
-        ahead = engine_feed.ahead_tokens(self.vllm_config.scheduler_config)
+        ahead = feed.ahead_tokens(self.vllm_config.scheduler_config)
         self.feed = EngineFeed(self.llm.llm_engine, ahead, self._writing)
         self.files = NativeFiles(per_token, self.feed) if own else None
         self.llm.collective_rpc("specshim_cpu_connector")
@@ -442,3 +306,37 @@ class NativeGenerator(LLMGenerator):
             "input_ids": saved["token_ids"].to(torch.long),
             "hidden_states": per_layer(saved["hidden_states"]),
         }
+
+
+@dataclass
+class NativeBackend(Started):
+    """The native backend: :class:`NativeGenerator`, its connector's files under ``--out``
+    (removed at the end)."""
+
+    why: str
+    name: str = "native"
+    generator: Any = None
+
+    @property
+    def handoff(self) -> str:
+        """Who writes the files: vLLM's worker, or this process from the connector's files."""
+        started = self.generator is not None and self.generator.files is not None
+        return NATIVE_IN_WORKER if started else NATIVE_READ_BACK
+
+    def start(self, launch: Launch) -> Any:
+        """vLLM's ``LLM`` on its ``extract_hidden_states`` path."""
+        self.work = launch.out / ".specshim-native"
+        self.generator = NativeGenerator(
+            launch.model, launch.layers, launch.max_model_len, launch.tensor_parallel_size,
+            self.work, launch.engine.options(), launch.trust_remote_code,
+        )  # fmt: skip
+        return self.generator
+
+    def worker_files(self) -> NativeFiles | None:
+        """The worker's writes, where the installed vLLM lets specshim's connector write."""
+        return self.generator.files  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Stop vLLM's engine and remove the connector's files."""
+        self.generator.shutdown()
+        shutil.rmtree(self.work, ignore_errors=True)

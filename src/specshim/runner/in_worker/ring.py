@@ -1,32 +1,35 @@
-"""How the states leave vLLM's worker under the generator backend (``--handoff``), and the
-shared host buffer the ``worker`` hand-off's ring lives in.
+"""Room for samples in one shared host buffer, taken in turn and given back in any order.
 
-``rpc`` is speculators' own: ``collective_rpc("_get_captured_states")`` pickles the worker's
-states to the caller. ``worker`` keeps them in the worker, which writes the files itself
-(:mod:`specshim.runner.worker_writer`). :func:`choose` turns the option into one of them.
+The worker writer (:mod:`specshim.runner.in_worker.writer`) copies each finished sample's
+states into this ring and its writer processes map the same memory and write the files from
+it. One buffer, page-locked once (page-locking is costly,
+too costly for every sample), reused for the whole run; the memory is
+:class:`HostBuffer`'s: a file in ``/dev/shm`` another process can map.
+
+Room is taken at the head and comes back when the oldest taken span is given back: spans given
+back out of order wait for the ones before them. So a slow sample holds the room after it,
+which bounds the states waiting in host memory to the ring's size.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
-import logging
 import mmap
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
-#: ``specshim extract --handoff``; ``auto`` picks ``worker`` on one CUDA device and ``rpc``
-#: elsewhere.
-CHOICES = ("auto", "rpc", "worker")
-#: The hand-off that reaches the caller, as speculators' generator itself hands states over.
-FOR_GENERATOR = ("rpc",)
 #: Where the buffers live: a tmpfs another process can map.
 SHARED_MEMORY = Path("/dev/shm")
+
+
 #: Each buffer's name: the worker's process id, then a counter (a grown buffer is a new file).
 BUFFER_PREFIX = "specshim-states-"
+
+
 #: Every tensor starts at a multiple of this many bytes in the buffer (any dtype's alignment).
 ALIGNMENT = 64
 
@@ -48,9 +51,6 @@ def each_tensor(states: Any, change: Callable[[Any], Any]) -> Any:
         "state hand-off: expected the worker's captured states as a list of per-layer "
         f"tensors or a dict of request id to such a list, found {type(states).__name__}"
     )
-
-
-# ---- one shared host buffer ------------------------------------------------------------------
 
 
 def aligned(nbytes: int) -> int:
@@ -125,18 +125,68 @@ class HostBuffer:
         self.memory, self.path, self.size, self.pinned = None, None, 0, False
 
 
-def choose(handoff: str, tensor_parallel_size: int = 1) -> str:
-    """``rpc`` or ``worker`` for the option ``handoff``; a name outside :data:`CHOICES` is
-    refused with one line (``ValueError``).
+@dataclass
+class HostRing:
+    """Spans of :attr:`buffer`, each ``[start, end)``, taken by :meth:`take` in turn."""
 
-    ``auto`` keeps the RPC path under tensor parallelism and on the CPU. Asks torch, not
-    vLLM, so that it runs before vLLM's settings are chosen.
-    """
-    from specshim import hardware
+    buffer: HostBuffer = field(default_factory=HostBuffer)
+    head: int = 0
+    #: The spans taken, oldest first, each ``[start, end, given back]``.
+    spans: collections.deque[list[Any]] = field(default_factory=collections.deque)
 
-    if handoff not in CHOICES:
-        raise ValueError(f"--handoff must be one of {', '.join(CHOICES)}, got {handoff!r}")
-    if handoff == "auto":
-        on_cuda = hardware.detect().kind == "cuda"
-        return "worker" if on_cuda and tensor_parallel_size == 1 else "rpc"
-    return handoff
+    @property
+    def size(self) -> int:
+        """The ring's bytes (0 until :meth:`hold`)."""
+        return self.buffer.size
+
+    @property
+    def memory(self) -> Any:
+        """The buffer as a uint8 tensor."""
+        return self.buffer.memory
+
+    def hold(self, nbytes: int, cuda: bool) -> None:
+        """Make the ring at least ``nbytes`` long (page-locked where ``cuda``); only while
+        nothing is taken, since growing replaces the memory."""
+        if self.spans:
+            raise RuntimeError(f"host ring: cannot grow with {len(self.spans)} spans taken")
+        self.buffer.hold(nbytes, cuda)
+        self.head = 0
+
+    def take(self, nbytes: int) -> int | None:
+        """The start of ``nbytes`` free bytes, now taken; None when there is no such room
+        until spans are given back (or ever, when ``nbytes`` exceeds the ring)."""
+        if not self.spans:
+            self.head = 0
+        tail = self.spans[0][0] if self.spans else self.size
+        if self.spans and self.head == tail:  # full: the head caught up with the oldest span
+            return None
+        if self.head >= tail or not self.spans:  # free: [head, size) and [0, tail)
+            if self.head + nbytes <= self.size:
+                start = self.head
+            elif self.spans and nbytes <= tail:
+                start = 0
+            else:
+                return None
+        elif self.head + nbytes <= tail:  # free: [head, tail)
+            start = self.head
+        else:
+            return None
+        self.spans.append([start, start + nbytes, False])
+        self.head = start + nbytes
+        return start
+
+    def give_back(self, start: int) -> None:
+        """The span taken at ``start`` is free again (once every older one is too)."""
+        for span in self.spans:
+            if span[0] == start and not span[2]:
+                span[2] = True
+                break
+        else:
+            raise RuntimeError(f"host ring: no span taken at {start}")
+        while self.spans and self.spans[0][2]:
+            self.spans.popleft()
+
+    def release(self) -> None:
+        """Give the memory back (unmapped here, its file removed)."""
+        self.spans.clear()
+        self.buffer.release()

@@ -1,37 +1,15 @@
-"""The ``worker`` hand-off: vLLM's worker writes each sample's file itself.
+"""vLLM's worker writes each announced sample's file itself (the ``worker`` hand-off, and the
+engine backend's capture).
 
-With ``rpc`` every state reaches the caller, where speculators' generator slices it per
-request and copies it to the host one sample and layer at a time (``.clone().cpu()``,
-pageable). Here the states stay in the worker. Before each ``generate`` the caller tells the
-worker what the batch is (:meth:`WorkerFiles.expect`: each sample's file, token ids and loss mask);
-when the generator fetches the captured states, the worker takes the announced samples the reply
-holds, splits the states per request exactly as the generator would and copies them, on a side
-stream, into one shared ring of host memory (:mod:`specshim.runner.host_ring`; page-locked once, on
-a GPU), each layer's ``(min, max)`` computed on the GPU beside them; its writer processes
-(:mod:`specshim.runner.writer_processes`: outside the worker's GIL, which vLLM's engine loop needs)
-check each sample (:func:`specshim.runner.samples.sample_problem`) and write ``data_{i}.pt``
-atomically (fsynced, renamed into place: :func:`specshim.runner.files.save_torch`) from that memory.
-The generator receives states of the same shapes with no columns (``[tokens, 0]``), so its own loop
-costs nothing; the caller checks their token counts and records each file in the ledger once the
-worker says it is in place (:meth:`WorkerFiles.finished`). The files hold the tensors the generator
-would have returned, bit for bit (tests/e2e/test_runner.py on the CPU, tests/gpu on a GPU).
-:attr:`WorkerFiles.seconds` says where the time goes. The files are written by processes, not
-threads: ``torch.save`` on threads would take the GIL vLLM's engine loop needs.
-
-How the worker splits a reply is each speculators release's own: 0.3.0 replies one tensor per
-layer, the call's requests concatenated in input order (the generator slices them by prompt
-length); 0.4.x a dict of request id to that list, the ids being ``req_{call}_{i}``
-(:func:`positions`). A reply of another shape, or other ids, is an error naming what was
-expected and what was found. A fetch the caller did not announce (``extract --verify``'s single
-requests) is answered as speculators' RPC answers it, states and all.
-
-Resume is unchanged: a file enters the ledger only once the worker has reported it in place,
-so a run stopped by an error or Ctrl-C leaves the files it had not reported yet unrecorded, and
-the next run writes them again (a temporary file cut short by the stop is removed at its start).
-
-Only ``specshim extract`` uses this hand-off: what the generator returns while it is on holds
-no states. Only the worker whose reply the generator reads (rank 0) writes; under tensor
-parallelism every rank holds the full states after the all-reduce.
+The states never cross to the caller: the worker splits them per request exactly as the
+generator would (:meth:`WorkerFiles.split`: speculators 0.3.0 replies one tensor per layer,
+the call's requests concatenated; 0.4.x a dict keyed ``req_{call}_{i}``), copies them on a side
+stream into one shared ring of host memory (:mod:`specshim.runner.in_worker.ring`), and its
+writer processes (:mod:`specshim.runner.in_worker.writer_processes`, outside the GIL vLLM's
+engine loop needs) check and write ``data_{i}.pt`` atomically. The generator receives states
+without columns; the caller records each file once the worker reports it in place
+(:meth:`WorkerFiles.finished`), so resume is unchanged. A fetch the caller did not announce
+(``extract --verify``'s) is answered as speculators' RPC answers it. Only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -49,10 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specshim.runner import files
-from specshim.runner.handoff import aligned, each_tensor
-from specshim.runner.host_ring import HostRing
-from specshim.runner.in_worker.protocol import Expected, Report, columnless_like, rank0
-from specshim.runner.writer_processes import WRITER_PROCESSES, WriteJob, WriterProcesses, Written
+from specshim.runner.in_worker.protocol import Expected, Report, columnless_like
+from specshim.runner.in_worker.ring import HostRing, aligned, each_tensor
+from specshim.runner.in_worker.writer_processes import (
+    WRITER_PROCESSES,
+    WriteJob,
+    WriterProcesses,
+    Written,
+)
 
 #: The worker attribute holding its :class:`WorkerFiles`.
 _STATE = "_specshim_worker_files"
@@ -63,7 +45,7 @@ RING_BYTES = 1 << 30
 #: (a sample larger than the ring grows it, or is told to need more room).
 SMALLEST_RING = 1 << 20
 #: The environment variable that sets how many writer processes a worker starts (default:
-#: :data:`specshim.runner.writer_processes.WRITER_PROCESSES`).
+#: :data:`specshim.runner.in_worker.writer_processes.WRITER_PROCESSES`).
 WRITERS_VARIABLE = "SPECSHIM_WRITER_PROCESSES"
 
 
@@ -402,7 +384,7 @@ def _close(processes: WriterProcesses, ring: HostRing) -> None:
 # ---- run in the worker through collective_rpc ----------------------------------------------
 
 
-def _install(worker: Any, layers: list[int]) -> bool:
+def install_in_worker(worker: Any, layers: list[int]) -> bool:
     """Make rank 0's ``_get_captured_states`` reply through a :class:`WorkerFiles`."""
     if getattr(worker, "rank", 0) != 0:
         return False
@@ -421,13 +403,15 @@ def on_cuda(worker: Any) -> bool:
     return device is not None and device.type == "cuda"
 
 
-def _expect(worker: Any, batch: list[Expected]) -> None:
+def expect_in_worker(worker: Any, batch: list[Expected]) -> None:
+    """Announce ``batch`` to the worker's :class:`WorkerFiles`, where installed."""
     writer = getattr(worker, _STATE, None)
     if writer is not None:
         writer.expect(batch)
 
 
-def _finished(worker: Any, wait: bool) -> list[Report] | None:
+def finished_in_worker(worker: Any, wait: bool) -> list[Report] | None:
+    """The files the worker's :class:`WorkerFiles` finished (None where not installed)."""
     writer = getattr(worker, _STATE, None)
     return None if writer is None else writer.finished(wait)
 
@@ -438,23 +422,3 @@ def state(worker: Any) -> dict[str, Any] | None:
     where the hand-off is not installed."""
     writer = getattr(worker, _STATE, None)
     return None if writer is None else writer.describe("worker")
-
-
-# ---- the caller's side -----------------------------------------------------------------------
-
-
-class WorkerFilesClient:
-    """The caller's handle on the worker's writer: announce batches, collect finished files."""
-
-    def __init__(self, generator: Any, layers: list[int]) -> None:
-        self.generator = generator
-        if not any(generator.executor.collective_rpc(_install, args=(layers,))):
-            raise RuntimeError("worker writer: no vLLM worker of rank 0 took the hand-off")
-
-    def expect(self, batch: list[Expected]) -> None:
-        """Announce ``batch`` to the worker, before the ``generate`` that extracts it."""
-        self.generator.executor.collective_rpc(_expect, args=(batch,))
-
-    def finished(self, wait: bool = False) -> list[Report]:
-        """:meth:`WorkerFiles.finished` of the worker that writes."""
-        return rank0(self.generator.executor.collective_rpc(_finished, args=(wait,))) or []

@@ -17,11 +17,11 @@ lock, on which the caller waits. Requests not announced (``extract --verify``'s)
 safetensors file as before. speculators 0.9's FP8 connector overrides the same step
 (``_write_tensors``).
 
-What it relies on, read from vLLM 0.22.1 and 0.25.1 to 0.32.0 (:func:`specshim.runner.native.
-writes_in_worker` checks the installed source before choosing it): ``_write_tensors(tensors,
-event, filename, lock_fd)`` called through the instance on a writer thread, the request's file
-name in ``_request_filenames`` once ``build_connector_meta`` has seen it, and the lock file
-held until the write is done.
+What it relies on, read from vLLM 0.22.1 and 0.25.1 to 0.32.0
+(:func:`specshim.runner.extraction.backends.native. writes_in_worker` checks the installed source
+before choosing it): ``_write_tensors(tensors, event, filename, lock_fd)`` called through the
+instance on a writer thread, the request's file name in ``_request_filenames`` once
+``build_connector_meta`` has seen it, and the lock file held until the write is done.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
 from specshim import console
-from specshim.runner import dataset, files, native
-from specshim.runner.in_worker.protocol import WRITTEN, Expected, announcement
+from specshim.runner import dataset, files
+from specshim.runner.in_worker.checks import misaligned, sample_problem
+from specshim.runner.in_worker.protocol import WRITTEN, Expected, announcement, per_layer
 from specshim.runner.layer_ids import generator_ids
-from specshim.runner.samples import misaligned, sample_problem
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
         """Check one sample's states and write its file; :data:`WRITTEN` or the
         problem that kept it from being written."""
         token_ids = tensors["token_ids"]
-        states = native.per_layer(tensors["hidden_states"])
+        states = per_layer(tensors["hidden_states"])
         if len(said.loss_mask) != len(token_ids):
             return (
                 f"{said.where}: vLLM ran {len(token_ids)} tokens, the loss mask has "

@@ -1,9 +1,9 @@
 """What keeps a sample's states from being written: the checks every writer makes.
 
 Shared by every path that writes ``data_{i}.pt`` files: ``extract``'s own writer, the worker
-writer (:mod:`specshim.runner.worker_writer`) and its writer processes
-(:mod:`specshim.runner.writer_processes`), and the native connector. Light on imports (torch
-only inside the checks): a writer process imports it before anything else.
+writer (:mod:`specshim.runner.in_worker.writer`) and its writer processes
+(:mod:`specshim.runner.in_worker.writer_processes`), and the native connector. Light on imports
+(torch only inside the checks): a writer process imports it before anything else.
 """
 
 from __future__ import annotations

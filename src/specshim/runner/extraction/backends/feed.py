@@ -1,9 +1,9 @@
 """Announced samples sent to vLLM's engine as they come, the engine kept busy between calls.
 
 Used by the backends that run vLLM's own ``LLM`` and have vLLM's worker write each announced
-sample's file: the engine backend (:mod:`specshim.runner.engine_loop`) and the native backend
-where specshim's connector writes (:mod:`specshim.runner.native`). Each prompt is one request,
-its ``SamplingParams`` carrying the sample's announcement to vLLM's worker
+sample's file: the engine backend (:mod:`specshim.runner.extraction.backends.engine`) and the native
+backend where specshim's connector writes (:mod:`specshim.runner.extraction.backends.native`). Each
+prompt is one request, its ``SamplingParams`` carrying the sample's announcement to vLLM's worker
 (:mod:`specshim.runner.in_worker.protocol`), where the engine backend's capture or specshim's
 connector reads it.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from specshim.runner.in_worker.checks import misaligned
 from specshim.runner.in_worker.protocol import Expected, announcing
-from specshim.runner.samples import misaligned
 
 #: Tokens the feed keeps in vLLM's engine, in steps of its ``max_num_batched_tokens``: enough
 #: that the scheduler has a full next step while the caller records files and sends more. They

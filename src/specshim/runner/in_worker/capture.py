@@ -1,61 +1,27 @@
-"""``specshim extract --backend engine``: speculators' capture inside vLLM's own engine loop.
+"""The engine backend's capture in vLLM's worker: each step's states cut per request, a
+prompt's chunks joined across steps (chunked prefill, preemption), and each whole prompt
+handed to the writer (:class:`specshim.runner.in_worker.writer.WorkerFiles`) or kept for the
+caller.
 
-speculators' generator steps the engine one call at a time (schedule, execute, fetch, each
-waiting for the last). Here vLLM's own engine runs the prompts (``LLM``'s ``LLMEngine``, fed
-by :class:`EngineFeed` so that it never runs dry between the caller's batches), so the engine
-schedules and overlaps its steps as it does for any user, and vLLM's worker does what the ``worker``
-hand-off does:
-
-- speculators' own capture (``_setup_hidden_states_capture``: its forward, ``hidden + residual``
-  of each chosen layer, with specshim's adapters applied) takes each step's states;
-- :class:`StepCapture`, in vLLM's worker (:class:`specshim.runner.engine_worker.EngineCapture`
-  routes speculators' capture to it), cuts each step's
-  rows per request (the runner's row order, the scheduler's token counts), joins a prompt's
-  chunks across steps (chunked prefill) and, once a prompt is whole, hands it to the same
-  writer the ``worker`` hand-off uses (:class:`specshim.runner.worker_writer.WorkerFiles`:
-  page-locked copies on a side stream, checks, ``data_{i}.pt`` written atomically);
-- the caller announces each sample in its request's ``SamplingParams``
-  (:mod:`specshim.runner.in_worker.protocol`, as the native backend does) and records the
-  files the worker reports in place (:class:`EngineFiles`), as with the other worker writes.
-
-Requests not announced (``extract --verify``'s) have their states kept in the worker and
-fetched through the RPC. Only tensor-parallel rank 0 captures and writes (every rank holds
-the full states after the all-reduce), as in speculators' generator.
-
-What it relies on: a scheduler output's ``scheduled_new_reqs`` (request id, prompt token
-ids, sampling parameters), ``num_scheduled_tokens`` and each request's ``num_computed_tokens``
+What it relies on: a scheduler output's ``scheduled_new_reqs`` (request id, prompt token ids,
+sampling parameters), ``num_scheduled_tokens`` and each request's ``num_computed_tokens``
 (where its tokens of the step begin: a request vLLM preempted, its KV cache taken back for
 others, computes its prompt again from there, and what was captured of it before is cut back
-to it), and the runner's row order: the V1
-runner's ``input_batch.req_ids``, or under Model Runner V2 the step the
-``worker_batch_order_v2`` adapter remembers. Anything else is an error naming what was
-expected and what was found.
+to it), and the runner's row order: the V1 runner's ``input_batch.req_ids``, or under Model
+Runner V2 the step the ``worker_batch_order_v2`` adapter remembers. Anything else is an error
+naming what was expected and what was found. Only tensor-parallel rank 0 captures and writes
+(every rank holds the full states after the all-reduce).
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from typing import Any
 
 from specshim.adapters.worker.worker_batch_order_v2 import STEP
-from specshim.runner import engine_feed, native
-from specshim.runner.engine_feed import EngineFeed
-from specshim.runner.in_worker.protocol import (
-    Announcements,
-    Expected,
-    Report,
-    announcement,
-    columnless,
-    rank0,
-)
-from specshim.runner.samples import misaligned
-from specshim.runner.worker_writer import WorkerFiles
-
-#: ``extra_args`` key of a request whose states the worker keeps for the caller (not announced).
-KEPT = "specshim_kept"
-#: The class mixed into vLLM's worker: speculators' capture, each step through :class:`StepCapture`.
-WORKER_EXTENSION = "specshim.runner.engine_worker.EngineCapture"
+from specshim.runner.in_worker.checks import misaligned
+from specshim.runner.in_worker.protocol import KEPT, Expected, Report, announcement
+from specshim.runner.in_worker.writer import WorkerFiles
 
 
 @dataclass
@@ -244,81 +210,3 @@ def _starts(scheduler_output: Any) -> dict[str, int]:
         )
     starts.update(zip(ids, computed, strict=True))
     return starts
-
-
-class EngineFiles(Announcements):
-    """The caller's handle on the worker's writes: announce, then collect finished files."""
-
-    def __init__(self, llm: Any, feed: EngineFeed) -> None:
-        super().__init__()
-        self.llm = llm
-        self.feed = feed
-
-    def finished(self, wait: bool = False) -> list[Report]:
-        """The files the worker finished since the last call (each with the problem that kept
-        it from being written, None: in place); with ``wait``, once every one is (every
-        request sent has run first)."""
-        if wait:
-            self.feed.drain()
-        return rank0(self.llm.collective_rpc("specshim_engine_finished", args=(wait,))) or []
-
-
-class EngineGenerator(native.LLMGenerator):
-    """vLLM's ``LLM.generate`` with speculators' capture, behind the generator's interface.
-
-    ``generate(token_ids)`` returns one record per sequence (``input_ids``, and per layer of
-    ``layer_ids`` ``[tokens, hidden]`` states); for samples announced through :attr:`files`
-    the states come without columns (``[tokens, 0]``): the worker writes their files."""
-
-    def __init__(
-        self,
-        model: str,
-        layer_ids: list[int],
-        max_model_len: int,
-        tensor_parallel_size: int,
-        steps: dict[str, int] | None = None,
-        trust_remote_code: bool = False,
-    ) -> None:
-        options = native.llm_options(model, max_model_len, tensor_parallel_size, WORKER_EXTENSION)
-        # steps: max_num_seqs, max_num_batched_tokens
-        super().__init__(model, layer_ids, max_model_len, tensor_parallel_size,
-                         options | (steps or {}), trust_remote_code)  # fmt: skip
-        if not any(self.llm.collective_rpc("specshim_engine_install", args=(layer_ids,))):
-            raise RuntimeError("engine capture: no vLLM worker of rank 0 took the capture")
-        ahead = engine_feed.ahead_tokens(self.vllm_config.scheduler_config)
-        self.feed = EngineFeed(self.llm.llm_engine, ahead)
-        self.files = EngineFiles(self.llm, self.feed)
-        self._calls = 0
-
-    def recomputed(self) -> int:
-        """How many prompts vLLM preempted part-way, for KV cache room, and computed again
-        (:attr:`StepCapture.recomputed`)."""
-        state = rank0(self.llm.collective_rpc("specshim_engine_state"))
-        return int(state["recomputed"]) if state else 0
-
-    def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
-        """One prefill per sequence; each one's token ids and its states. Announced samples
-        go to the :class:`EngineFeed` and come back without columns at once (their files are
-        reported through :attr:`files`, the token ids checked as they run); others run to the
-        end here, their states fetched from the worker."""
-        import torch
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        cut = self.cut(token_ids)
-        if announced := self.files.take_for(cut):
-            self.feed.add(cut, announced)
-            return [columnless(ids, len(self.layer_ids)) for ids in cut]
-        self.feed.drain()  # LLM.generate runs the engine until idle: none of the feed's left
-        self._calls += 1
-        tags = [f"{self._calls}_{i}" for i in range(len(cut))]
-        params = [SamplingParams(max_tokens=1, extra_args={KEPT: tag}) for tag in tags]
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in cut]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        ran = [list(output.prompt_token_ids or []) for output in outputs]
-        saved = rank0(self.llm.collective_rpc("specshim_engine_kept", args=(tags,)))
-        kept = torch.load(io.BytesIO(saved), weights_only=True)
-        return [
-            {"input_ids": torch.tensor(ids, dtype=torch.long), "hidden_states": states}
-            for ids, states in zip(ran, kept, strict=True)
-        ]
