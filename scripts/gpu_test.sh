@@ -26,7 +26,9 @@ fi
 mkdir -p .spec
 ln -sfn "$G/spec030" .spec/0.3.0
 ln -sfn "$G/spec040" .spec/0.4.0.1
-export PYTHONPATH="$PWD/src:$G/site"
+# $G/boot holds a sitecustomize.py that reads the site's .pth files (nvidia-cutlass-dsl adds its
+# path by one; PYTHONPATH alone skips them), where the install made one (docs/gpu.md).
+export PYTHONPATH="$PWD/src:$G/boot:$G/site"
 export HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 TOKENIZERS_PARALLELISM=false
 export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is an optional install: not needed
 export SPECSHIM_E2E_OUT="${SPECSHIM_E2E_OUT:-/tmp/specshim-gpu-e2e}"

