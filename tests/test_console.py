@@ -93,3 +93,25 @@ def test_the_command_line_writes_progress_on_stderr_unless_quiet(capsys) -> None
     console.status("specshim run", "step 1/4")
     logging.getLogger("specshim.runner.handoff").warning("a note")
     assert capsys.readouterr() == ("", "specshim: a note\n")
+
+
+def test_no_record_of_specshims_says_specshim_itself() -> None:
+    """The command line's format begins every record with ``specshim:``: a message of a
+    logger call in the package that begins so too would read ``specshim: specshim: ...``."""
+    import ast
+
+    from conftest import ROOT
+
+    doubled = []
+    for path in sorted((ROOT / "src" / "specshim").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("debug", "info", "warning", "error", "exception")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("specshim:")
+            ):
+                doubled.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert doubled == []

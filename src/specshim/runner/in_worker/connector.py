@@ -81,7 +81,7 @@ class SpecshimHiddenStatesConnector(ExampleHiddenStatesConnector):
         """On a writer thread: an announced request's file, else vLLM's own write."""
         said = self._specshim_files.pop(filename, None)
         if said is not None and lock_fd is None:  # vLLM's lock turned off: nobody would know
-            logger.error("specshim: %s needs the connector's lock file; not written", said.where)
+            logger.error("%s needs the connector's lock file; not written", said.where)
         if said is None or lock_fd is None:
             super()._write_tensors(tensors, event, filename, lock_fd)
             return
