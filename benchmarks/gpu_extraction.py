@@ -6,7 +6,8 @@ prefill of the same prompts (``LLM.generate(max_tokens=1)``, the engine's floor 
 prefill pass) and to the disk's sequential write rate for the same bytes (what any path that
 writes the states must stay under):
 
-- ``vllm_prefill``: ``LLM.generate(max_tokens=1)``, eager, no prefix caching;
+- ``vllm_prefill``: ``LLM.generate(max_tokens=1)`` with vLLM's defaults (compiled, CUDA
+  graphs), no prefix caching; ``vllm_prefill@eager=on`` with ``enforce_eager``;
 - ``native``: vLLM's ``extract_hidden_states`` speculative method with its
   ``ExampleHiddenStatesConnector`` (vLLM >= 0.18), timed until every file is written;
 - ``generator_rpc``: speculators' generator after ``specshim.apply()``, states through the RPC;
@@ -82,12 +83,16 @@ PATHS = (
 )
 
 
-def build_model(out: Path, hidden: int, layers: int) -> Path:
-    """A Llama of ``layers`` x ``hidden`` with random weights, served in bfloat16."""
+def build_model(out: Path, shape: argparse.Namespace) -> Path:
+    """A model of ``shape`` (architecture, layers, hidden size, head size, key-value heads)
+    with random weights, served in bfloat16."""
     from specshim.testbed import tiny_model
 
     if not (out / "config.json").exists():
-        tiny_model.build(out, "llama", num_layers=layers, hidden_size=hidden)
+        tiny_model.build(
+            out, shape.architecture, num_layers=shape.layers, hidden_size=shape.hidden,
+            head_dim=shape.head_dim, kv_heads=shape.kv_heads,
+        )  # fmt: skip
         config = json.loads((out / "config.json").read_text())
         config["torch_dtype"] = config["dtype"] = "bfloat16"
         (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -143,11 +148,18 @@ def _timed(run: Any, prompts: list[list[int]], timers: Timers | None = None) -> 
     return result | ({"inside": dict(timers.seconds)} if timers else {})
 
 
-def _vllm_prefill(model: str, prompts: list[list[int]], max_len: int) -> dict[str, float]:
+def _vllm_prefill(
+    model: str, prompts: list[list[int]], max_len: int, mode: str
+) -> dict[str, float]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model, max_model_len=max_len, enforce_eager=True, enable_prefix_caching=False)
+    eager = _settings(mode).get("eager", "off")
+    if eager not in ("on", "off"):
+        raise ValueError(f"{mode}: eager=on or eager=off, got {eager}")
+    llm = LLM(
+        model, max_model_len=max_len, enforce_eager=eager == "on", enable_prefix_caching=False
+    )
     params = SamplingParams(max_tokens=1, temperature=0.0)
     return _timed(
         lambda ps: llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params), prompts
@@ -374,8 +386,8 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
 
     prompts = [json.loads(line)["input_ids"] for line in Path(data).read_text().splitlines()]
     root = Path(work)
-    if mode == "vllm_prefill":
-        result = _vllm_prefill(model, prompts, max_len)
+    if mode.startswith("vllm_prefill"):
+        result = _vllm_prefill(model, prompts, max_len, mode)
     elif mode == "native":
         result = _native(model, prompts, max_len, root)
     elif mode == "generator_rpc":
@@ -426,12 +438,15 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--architecture", choices=("llama", "qwen3"), default="llama")
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=None, help="default: half the heads")
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset")
     parser.add_argument("--work", type=Path, default=None, help="default: a new temp folder")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each path, in rounds")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="specshim-gpu-bench-"))
-    model = build_model(work / "model", args.hidden, args.layers)
+    model = build_model(work / "model", args)
     data = work / "prompts.jsonl"
     write_prompts(data, args.prompts, args.length, vocab=384)
     max_len = args.length + 16
@@ -476,7 +491,9 @@ def main() -> None:
     base = rates.get("vllm_prefill")
     disk = max((r for m, r in rates.items() if m.startswith("disk")), default=0)
     ceiling = min((r for r in (rates.get("vllm_prefill", 0), disk) if r), default=0)
-    print(f"\n{args.prompts} prompts x {args.length} tokens, Llama {args.layers} x {args.hidden}")
+    heads = f"{args.hidden // args.head_dim}/{args.kv_heads or args.hidden // args.head_dim // 2}"
+    print(f"\n{args.prompts} prompts x {args.length} tokens, {args.architecture} {args.layers} x "
+          f"{args.hidden}, heads {heads} of {args.head_dim}")  # fmt: skip
     print(f"{'path':<{width}}{'tokens/s':>14}{'vs prefill':>12}{'vs min(prefill, disk)':>24}"
           + ("  runs vs prefill" if args.repeat > 1 else ""))  # fmt: skip
     for mode, rate in rates.items():

@@ -94,18 +94,27 @@ def model_class(architecture: str) -> Any:
 
 
 def model_config(
-    architecture: str, tokenizer: Any, num_layers: int, hidden_size: int, ffn_factor: int = 2
+    architecture: str,
+    tokenizer: Any,
+    num_layers: int,
+    hidden_size: int,
+    ffn_factor: int = 2,
+    head_dim: int = 32,
+    kv_heads: int | None = None,
 ) -> Any:
-    """A config of heads of 32 dimensions (vLLM's CPU attention needs at least 32)."""
+    """A config of heads of ``head_dim`` dimensions (vLLM's CPU attention needs at least 32),
+    with ``kv_heads`` key-value heads (default: half the query heads)."""
     import transformers
+
+    heads = hidden_size // head_dim
 
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * ffn_factor,
         num_hidden_layers=num_layers,
-        num_attention_heads=hidden_size // 32,
-        num_key_value_heads=max(1, hidden_size // 64),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or max(1, heads // 2),
         max_position_embeddings=2048,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -115,7 +124,7 @@ def model_config(
     model_class(architecture)  # validates the name
     if architecture == "llama":
         return transformers.LlamaConfig(**common)
-    return transformers.Qwen3Config(**common, head_dim=32)
+    return transformers.Qwen3Config(**common, head_dim=head_dim)
 
 
 def save(model: Any, out: Path) -> Path:
@@ -134,16 +143,22 @@ def build(
     num_layers: int = 8,
     hidden_size: int = 128,
     seed: int = 0,
+    head_dim: int = 32,
+    kv_heads: int | None = None,
 ) -> Path:
     """Write a tiny ``architecture`` model with random weights to ``out`` and return its path.
 
-    Rebuilding with the same arguments gives the same weights (fixed seed).
+    Rebuilding with the same arguments gives the same weights (fixed seed); ``head_dim`` and
+    ``kv_heads`` as in :func:`model_config` (a benchmark builds real shapes with them).
     """
     import torch
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = model_config(architecture, build_tokenizer(out), num_layers, hidden_size)
+    config = model_config(
+        architecture, build_tokenizer(out), num_layers, hidden_size,
+        head_dim=head_dim, kv_heads=kv_heads,
+    )  # fmt: skip
     torch.manual_seed(seed)
     model = model_class(architecture)(config).to(torch.float32)
     # Larger than default init so that layers differ visibly from one another.
