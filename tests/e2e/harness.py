@@ -10,7 +10,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +156,18 @@ def _make(
         raise AssertionError(f"driver died (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     Path(f"{out}.session").write_text(SESSION)
     return _result(out)
+
+
+def wait_while_running(
+    process: subprocess.Popen, done: Callable[[], bool], before: str, seconds: float = 600
+) -> None:
+    """Wait until ``done()`` holds, failing if ``process`` ends first (it ended ``before``
+    what the test meant to do) or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert process.poll() is None, f"the command ended before {before}"
+        assert time.monotonic() < deadline, f"not ready within {seconds} s: {before}"
+        time.sleep(0.05)
 
 
 def assert_ran(result: dict[str, Any]) -> None:

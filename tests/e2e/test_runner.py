@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from conftest import SPECULATORS, speculators_path, vllm_python
+from e2e import harness
 from specshim.runner import files
 from specshim.runner.extraction import resume
 from specshim.testbed import data
@@ -42,11 +43,8 @@ def extract_args(model: Path, dataset: Path, out: Path) -> list[str]:
 
 def wait_for_samples(process: subprocess.Popen, out: Path, ending: str, count: int = 8) -> None:
     """Wait (up to 5 minutes) until ``process`` has written ``count`` samples into ``out``."""
-    deadline = time.monotonic() + 300
-    while len(list(out.glob("data_*.pt"))) < count:
-        assert process.poll() is None, f"extraction ended before it could be {ending}"
-        assert time.monotonic() < deadline, "no samples written within 5 minutes"
-        time.sleep(0.2)
+    harness.wait_while_running(process, lambda: len(list(out.glob("data_*.pt"))) >= count,
+                               f"it could be {ending}", seconds=300)  # fmt: skip
 
 
 #: Enough that the kill lands mid-run: 48 were all written before it on a fast CI machine.
@@ -63,10 +61,8 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
     # A second run while the first holds the folder, before its vLLM starts: on a quiet
     # machine the first could write every sample during the second's start.
     holder = out / ".specshim.lock"
-    deadline = time.monotonic() + 120
-    while not (holder.exists() and "pid" in holder.read_text()):
-        assert first.poll() is None and time.monotonic() < deadline, "the folder was never held"
-        time.sleep(0.05)
+    harness.wait_while_running(first, lambda: holder.exists() and "pid" in holder.read_text(),
+                               "it held the folder", seconds=120)  # fmt: skip
     other = data.write(tmp_path / "other.jsonl", count=4)  # other data, the same folder
     busy_cmd, _ = specshim_command(*extract_args(model, other, out))
     busy = subprocess.run(busy_cmd, env=env, capture_output=True, text=True, timeout=120)

@@ -10,14 +10,20 @@ training run (one epoch) is shared; the runs that refuse train nothing and run i
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
 import shutil
+import subprocess
+import tty
 from pathlib import Path
 
 import pytest
 
-from conftest import speculators_path
-from e2e.test_train import specshim
+from conftest import speculators_path, vllm_python
+from e2e import harness
+from e2e.test_train import specshim, speculators_env
 from specshim import cli
 from specshim.runner import files
 
@@ -66,11 +72,31 @@ def args(inputs: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
             "--max-len", "128", "--device", "cpu", *extra]  # fmt: skip
 
 
+def on_a_terminal(*argv: str) -> subprocess.CompletedProcess:
+    """``specshim ARGV`` (speculators 0.4.0.1) with its stderr on a terminal, as a user sees it
+    (a pseudo-terminal in raw mode: its lines end in ``\n`` as written)."""
+    master, terminal = pty.openpty()
+    tty.setraw(terminal)
+    cmd = [str(vllm_python("0.32.0")), "-m", "specshim.cli", *argv]
+    process = subprocess.Popen(cmd, env=speculators_env("0.4.0.1"), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=terminal)  # fmt: skip
+    os.close(terminal)
+    said = []
+    with contextlib.suppress(OSError):  # EIO: the process closed its end
+        while chunk := os.read(master, 65536):
+            said.append(chunk)
+    os.close(master)
+    out, _ = process.communicate(timeout=900)
+    return subprocess.CompletedProcess(cmd, process.returncode, out.decode(),
+                                       b"".join(said).decode(errors="replace"))  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def first_run(inputs, tmp_path_factory):
-    """One real epoch into a fresh ``--out``: the run the other tests find there."""
+    """One real epoch into a fresh ``--out``, on a terminal: the run the other tests find
+    there."""
     out = tmp_path_factory.mktemp("first") / "draft"
-    result = specshim("0.4.0.1", *args(inputs, out, "--epochs", "1"))
+    result = on_a_terminal(*args(inputs, out, "--epochs", "1"))
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result
 
@@ -106,6 +132,18 @@ def test_training_shows_steps_epoch_loss_and_throughput(first_run) -> None:
     final = result.stderr.split("\r")[-1]  # the bar's last drawing
     assert "epoch 1/1: 100%" in final and f"{steps}/{steps}" in final, result.stderr[-2000:]
     assert "loss " in final and "tok/s" in final
+
+
+def test_what_speculators_says_goes_to_the_log_file(first_run) -> None:
+    """speculators' records (loguru's and ``logging``'s) and Python's warnings go to
+    ``--out``/libraries.log, which the last line names; the terminal shows specshim's own
+    lines and its bar only."""
+    out, result = first_run
+    log = out / "libraries.log"
+    assert "speculators.utils.loading" in log.read_text()
+    shown = [line.split("\r")[-1] for line in result.stderr.splitlines()]
+    assert [line for line in shown if not line.startswith(("specshim: ", "[specshim train]"))] == []
+    assert shown[-1] == f"specshim: what vLLM and the other libraries said is in {log}"
 
 
 def test_a_second_run_into_the_same_out_is_refused(capsys, inputs, earlier) -> None:
@@ -214,7 +252,6 @@ def test_sigterm_stops_training_as_ctrl_c_does_and_the_run_resumes(inputs, tmp_p
     import os
     import signal
     import subprocess
-    import time
 
     from e2e.test_runner import group_members, specshim_command
     from specshim.runner.train import is_complete, trained_epochs
@@ -223,11 +260,8 @@ def test_sigterm_stops_training_as_ctrl_c_does_and_the_run_resumes(inputs, tmp_p
     cmd, env = specshim_command(*args(inputs, out, "--epochs", "200"))
     first = subprocess.Popen(cmd, env=env, start_new_session=True, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    deadline = time.monotonic() + 600
-    while not is_complete(out / "checkpoints" / "0"):
-        assert first.poll() is None, "training ended before it could be stopped"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    harness.wait_while_running(first, lambda: is_complete(out / "checkpoints" / "0"),
+                               "it could be stopped")  # fmt: skip
     os.kill(first.pid, signal.SIGTERM)
     stdout, stderr = first.communicate(timeout=120)
     assert first.returncode == 143, stderr[-3000:]
@@ -249,7 +283,6 @@ def test_an_extraction_into_the_data_a_run_trains_on_stops_at_once(inputs, tmp_p
     import os
     import signal
     import subprocess
-    import time
 
     from e2e.test_runner import specshim_command
     from specshim.runner import out_lock
@@ -261,11 +294,9 @@ def test_an_extraction_into_the_data_a_run_trains_on_stops_at_once(inputs, tmp_p
     training = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)  # fmt: skip
     try:
-        deadline = time.monotonic() + 600
-        while not is_complete(out / "checkpoints" / "0"):  # steps in, the data read
-            assert training.poll() is None, "training ended before the extraction was tried"
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        harness.wait_while_running(  # steps in: the data read
+            training, lambda: is_complete(out / "checkpoints" / "0"), "the extraction was tried"
+        )
         before = snapshot(data)
         rows = tmp_path / "rows.jsonl"
         rows.write_text('{"input_ids": [1, 2, 3], "loss_mask": [1, 1, 1]}\n')
