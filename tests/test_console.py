@@ -115,3 +115,25 @@ def test_no_record_of_specshims_says_specshim_itself() -> None:
             ):
                 doubled.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert doubled == []
+
+
+@pytest.mark.usefixtures("restored_logger")
+def test_phase_marks_are_written_only_where_asked_for(capsys, monkeypatch) -> None:
+    """With ``SPECSHIM_DEBUG`` set, the command line writes each phase mark on stderr as
+    ``specshim: phase NAME at SECONDS`` (the machine's monotonic clock, which a benchmark
+    that started the command compares with its own); without it, nothing."""
+    import time
+
+    monkeypatch.delenv(console.DEBUG_ENV, raising=False)
+    assert cli.main(["report", "--no-import"]) in (0, 1)
+    capsys.readouterr()
+    console.phase("config read")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv(console.DEBUG_ENV, "1")
+    before = time.monotonic()
+    assert cli.main(["report", "--no-import", "-q"]) in (0, 1)
+    capsys.readouterr()
+    console.phase("config read")
+    after = time.monotonic()
+    name, at = capsys.readouterr().err.removeprefix("specshim: phase ").split(" at ")
+    assert name == "config read" and before <= float(at) <= after

@@ -153,6 +153,7 @@ def _extract(args: argparse.Namespace) -> int:
             trust_remote_code=args.trust_remote_code,
         )
     print(summary.text())
+    console.phase("summary printed")
     return 0
 
 
@@ -731,6 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().print_help()
         return 0
     console.configure(args.quiet)
+    console.phase("command started")
     if args.command == "vocab" and args.target_vocab_size is None and args.model is None:
         parser().error("vocab needs --target-vocab-size or --model")
     with _sigterm_as_ctrl_c() as terminated:

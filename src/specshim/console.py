@@ -11,13 +11,20 @@ library's; the command line (:func:`configure`) writes them to stderr as ``specs
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
+import time
 
 #: specshim's own logger: every module's logger (``logging.getLogger(__name__)``) is under it.
 LOGGER = logging.getLogger("specshim")
 #: How the command line writes a record on stderr.
 FORMAT = "specshim: %(message)s"
+#: Set (to anything but empty), the command line writes specshim's debug records too, its
+#: phase marks (:func:`phase`) among them.
+DEBUG_ENV = "SPECSHIM_DEBUG"
+#: How a phase mark begins (:func:`phase`); what follows is its name, `` at `` and the clock.
+PHASE = "phase "
 
 
 #: The head of a pydantic ``ValidationError`` (vLLM's configs): its first line says only how
@@ -36,12 +43,14 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
 def configure(quiet: bool = False) -> None:
     """Write specshim's records on stderr as ``specshim: text``: progress and notes (INFO) too,
-    or only warnings and errors when ``quiet``. The command line calls it once per command;
-    calling it again replaces what it set, never adds a second handler."""
+    or only warnings and errors when ``quiet``; every record, debug too, where :data:`DEBUG_ENV`
+    is set. The command line calls it once per command; calling it again replaces what it set,
+    never adds a second handler."""
     handler = _Stderr()
     handler.setFormatter(logging.Formatter(FORMAT))
     LOGGER.handlers = [h for h in LOGGER.handlers if not isinstance(h, _Stderr)] + [handler]
-    LOGGER.setLevel(logging.WARNING if quiet else logging.INFO)
+    level = logging.WARNING if quiet else logging.INFO
+    LOGGER.setLevel(logging.DEBUG if os.environ.get(DEBUG_ENV) else level)
     LOGGER.propagate = False  # the root logger's handlers, if any, would print it twice
 
 
@@ -50,6 +59,15 @@ def status(label: str, text: str) -> None:
     ``label`` without a leading "specshim" (the format says that): ``specshim: train: ...``."""
     about = label.removeprefix("specshim").strip()
     LOGGER.info("%s: %s" if about else "%s%s", about, text)
+
+
+def phase(name: str) -> None:
+    """Mark that a command reached the boundary ``name`` ("config read", "engine started"):
+    at DEBUG, ``phase NAME at SECONDS``, the seconds of ``time.monotonic``, one clock for
+    every process of the machine, so that whoever started the command sees how far into its
+    run each phase ended (``benchmarks/start_cost.py``). Below DEBUG it costs a level check."""
+    if LOGGER.isEnabledFor(logging.DEBUG):
+        LOGGER.debug("%s%s at %.6f", PHASE, name, time.monotonic())
 
 
 def first_line(exc: BaseException) -> str:

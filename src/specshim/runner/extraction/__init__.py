@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specshim import console
 from specshim.runner import dataset, files, remote_code
 from specshim.runner.extraction import backends, final_files, options, recording, resume
 from specshim.runner.extraction import verify as verification
@@ -135,6 +136,7 @@ def extract(
     config = options.model_config(model, trust_remote_code)
     layers = options.choose_layers(options.text_config(config).num_hidden_layers, layers)
     options.check_length(config, max_model_len)
+    console.phase("config read")
     options.prepare_out(out)
     settings = resume.settings_for(model, data, layers, max_model_len)
     claimed = resume.check_manifest(out, settings)
@@ -145,6 +147,7 @@ def extract(
     hardware.prepare_for_vllm(tensor_parallel_size)
     chosen = backends.choose(backend, tensor_parallel_size, handoff, generator_handoff)
     specshim.apply()
+    console.phase("adapters applied")
     tokenizer = remote_code.tokenizer(model, trust_remote_code)
     skipped: list[dataset.BadRow] = []
     samples = list(dataset.read(data, tokenizer, skip_bad=skip_bad, skipped=skipped))
@@ -160,6 +163,7 @@ def extract(
     for path in work.stale:
         path.unlink()
     options.check_room(out, work.todo, limit, len(layers), options.text_config(config).hidden_size)
+    console.phase("plan made")
     extracted: Progress | None = None  # the run's bar: its rate and time go to the summary
     verified = ""
     taken = ""
@@ -171,6 +175,7 @@ def extract(
                 model, layers, max_model_len, tensor_parallel_size, out, engine, trust_remote_code
             )) as generator,
         ):  # fmt: skip
+            console.phase("engine started")
             taken = _engine_taken(generator)
             # only now: a failed start leaves nothing; the claim before any sample is written
             claim = {resume.CLAIMED: max(claimed, len(samples))}
@@ -179,15 +184,18 @@ def extract(
             extracted = recording.run(
                 chosen, out, work.todo, prints, samples, batch_size, limit, progress
             )
+            console.phase("last sample written")
             final_files.save_data_config(generator, out, data, max_model_len, len(samples))
             if verify:
                 verified = verification.compare(generator, out, samples, verify, layers)
             recomputed = chosen.recomputed()
+        console.phase("engine closed")
     files.save_torch(out / "token_freq.pt", final_files.token_freq(samples, limit))
     files.save_json(
         out / "sample_lengths.json",
         {str(s.index): min(len(s.input_ids), limit) for s in samples},
     )
+    console.phase("final files written")
     return Summary(
         samples=len(samples),
         extracted=len(work.todo),

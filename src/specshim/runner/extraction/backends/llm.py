@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specshim import console
 from specshim.runner import remote_code
 
 
@@ -45,12 +46,14 @@ class LLMGenerator:
     ) -> None:
         from vllm import LLM
 
+        console.phase("vLLM imported")
         self.model_path = model
         self.layer_ids = layer_ids
         self.tensor_parallel_size = tensor_parallel_size
         self.max_model_len = max_model_len
         self.llm = LLM(**options, **remote_code.vllm_options(trust_remote_code))
         self.vllm_config = self.llm.llm_engine.vllm_config
+        console.phase("vLLM's LLM made")
 
     def cut(self, token_ids: list[list[int]]) -> list[list[int]]:
         """Each sequence as the generator runs it: at most ``max_model_len - 1`` tokens."""
