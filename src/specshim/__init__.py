@@ -35,9 +35,11 @@ def apply(
 
 
 def revert() -> Report:
-    """Undo every applied patch, restoring each original object by identity."""
-    from specshim import engine
+    """Undo every applied patch, the commands' own (:mod:`specshim.patches`) first, then the
+    adapters', restoring each original object by identity."""
+    from specshim import engine, patches
 
+    patches.revert()
     return engine.revert()
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specshim import engine, hardware, matrix, versions
+from specshim import engine, hardware, matrix, patches, versions
 from specshim.adapters import kit, registry
 from specshim.adapters.targets import GENERATOR, WORKER
 
@@ -340,6 +340,8 @@ class FullReport:
             for a in self.adapters.adapters:
                 row = f"  {a.name:<{width}}  {a.state.value:<15} {a.reason}"
                 lines += _wrapped(row, indent=width + 20)
+            lines += _wrapped("patches the commands make beside the adapters (specshim.patches):")
+            lines += [w for line in patches.lines() for w in _wrapped(f"  {line}", indent=6)]
         if self.adapters.broken:
             names = ", ".join(f"{a.name} ({a.state.value})" for a in self.adapters.broken)
             lines += _wrapped(f"not in force: {names}; speculators would run without them")

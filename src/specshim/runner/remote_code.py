@@ -104,22 +104,23 @@ def in_speculators(trust: bool, where: Mapping[str, tuple[str, ...]]) -> Iterato
     from its module is an error: a release that reads the model some other way may pass its
     own ``True``."""
     import importlib
-    import unittest.mock  # not at import: the command line builds its parser from this module
 
-    with contextlib.ExitStack() as stack:
-        for name, loaders in where.items():
-            module = importlib.import_module(name)
-            if missing := [loader for loader in loaders if not hasattr(module, loader)]:
-                raise RuntimeError(
-                    f"{name} has no {missing[0]}: specshim cannot give it the {FLAG} setting "
-                    "(expected speculators 0.3/0.4)"
-                )
-            for loader in loaders:
-                found = getattr(module, loader)
-                wrapped = (
-                    _with_setting(found, trust)
-                    if loader == "ModelConfig"
-                    else _Loader(found, trust)
-                )
-                stack.enter_context(unittest.mock.patch.object(module, loader, wrapped))
+    from specshim import patches  # not at import: the command line builds its parser from here
+    from specshim.adapters.model import Patch
+
+    wrappers: list[Patch] = []
+    for name, loaders in where.items():
+        module = importlib.import_module(name)
+        if missing := [loader for loader in loaders if not hasattr(module, loader)]:
+            raise RuntimeError(
+                f"{name} has no {missing[0]}: specshim cannot give it the {FLAG} setting "
+                "(expected speculators 0.3/0.4)"
+            )
+        for loader in loaders:
+            found = getattr(module, loader)
+            wrapped = (
+                _with_setting(found, trust) if loader == "ModelConfig" else _Loader(found, trust)
+            )
+            wrappers.append(Patch(module, loader, wrapped))
+    with patches.scoped("remote_code_setting", wrappers):
         yield

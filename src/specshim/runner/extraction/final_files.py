@@ -40,17 +40,17 @@ def speculators_device_name_without_device() -> Iterator[None]:
     whose ``+cpu`` pin no reachable registry serves). Where torch has no device, its
     ``get_device_name`` answers as it does for a torch without an accelerator. speculators
     0.3.0 asks ``torch.cuda.is_available()`` first and is left alone."""
-    import unittest.mock
-
     import torch
     from speculators.data_generation import config_generator
+
+    from specshim import patches
+    from specshim.adapters.model import Patch
 
     if not hasattr(config_generator, "get_device_name") or torch.accelerator.is_available():
         yield
         return
-    with unittest.mock.patch.object(
-        config_generator, "get_device_name", lambda index: "NO ACCELERATOR"
-    ):
+    answer = Patch(config_generator, "get_device_name", lambda index: "NO ACCELERATOR")
+    with patches.scoped("device_name_without_device", [answer]):
         yield
 
 

@@ -71,9 +71,10 @@ class EngineSettings:
     def for_speculators(self) -> Iterator[None]:
         """Inside, speculators 0.3/0.4's generator builds its scheduler with these values: its
         module's ``MAX_NUM_SEQS`` and ``MIN_MAX_BATCHED_TOKENS``, read when it is made."""
-        import unittest.mock
-
         from speculators.data_generation import vllm_hidden_states_generator as module
+
+        from specshim import patches
+        from specshim.adapters.model import Patch
 
         constants = {
             "MAX_NUM_SEQS": self.max_num_seqs,
@@ -88,7 +89,7 @@ class EngineSettings:
                 f"engine steps: expected {missing[0]} in {module.__name__} (speculators 0.3/0.4), "
                 "found none; leave --max-num-seqs and --max-num-batched-tokens out"
             )
-        with unittest.mock.patch.multiple(module, **given):
+        with patches.scoped("engine_steps", [Patch(module, k, v) for k, v in given.items()]):
             yield
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from speculators.data_generation.custom_worker import HiddenStatesWorkerExtension
 
+from specshim import patches
+from specshim.adapters.model import Patch
 from specshim.runner.in_worker.capture import StepCapture
 from specshim.runner.in_worker.protocol import Report
 from specshim.runner.in_worker.writer import WorkerFiles, on_cuda
@@ -40,8 +42,10 @@ class EngineCapture(HiddenStatesWorkerExtension):  # type: ignore[misc]  # specu
             capture.schedule(scheduler_output)
             return execute(scheduler_output, *args, **kwargs)
 
-        runner.execute_model = execute_model
-        self._store_captured_states = capture.store  # what speculators' forward calls
+        patches.apply("engine_capture", [
+            Patch(runner, "execute_model", execute_model),
+            Patch(self, "_store_captured_states", capture.store),  # speculators' forward calls it
+        ])  # fmt: skip
         self._specshim_capture = capture
         return True
 

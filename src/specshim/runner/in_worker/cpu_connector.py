@@ -76,8 +76,11 @@ class CpuConnectorExtension:
 
         from vllm.platforms import current_platform
 
+        from specshim import patches
+        from specshim.adapters.model import Patch
+
         if not current_platform.is_cpu():
             return False
         connector = importlib.import_module(CONNECTOR)
-        connector.torch = _cpu_torch()  # type: ignore[attr-defined]
+        patches.apply("cpu_connector", [Patch(connector, "torch", _cpu_torch())])
         return True

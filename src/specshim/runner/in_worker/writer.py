@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from specshim import patches
+from specshim.adapters.model import Patch
 from specshim.runner import files
 from specshim.runner.in_worker.protocol import Expected, Report, columnless_like
 from specshim.runner.in_worker.ring import HostRing, aligned, each_tensor
@@ -391,7 +393,8 @@ def install_in_worker(worker: Any, layers: list[int]) -> bool:
     fetch = worker._get_captured_states
     writer = WorkerFiles(layers)
     writer.start(on_cuda(worker))
-    worker._get_captured_states = functools.partial(writer.answer, fetch)
+    answer = functools.partial(writer.answer, fetch)
+    patches.apply("worker_writes_files", [Patch(worker, "_get_captured_states", answer)])
     setattr(worker, _STATE, writer)
     return True
 
