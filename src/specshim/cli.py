@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from specshim import console
 from specshim.runner import distributed, files, out_lock
@@ -750,5 +750,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
+def run() -> NoReturn:
+    """The ``specshim`` command: :func:`main`, then the process ends without the interpreter's
+    teardown. After vLLM, that teardown (freeing every module of torch, vLLM and transformers)
+    takes seconds and does nothing a user sees: each file was written and closed by then. What
+    an exit does besides is done first: other threads joined, the exit handlers (``atexit``:
+    vLLM's shutdown, the writer processes' end, ``logging``'s flush) run, every output
+    buffer flushed."""
+    code = main()
+    import atexit
+    import ctypes
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed by its reader: nobody to tell
+            stream.flush()
+    ctypes.CDLL(None).fflush(None)  # what C code wrote to stdout, buffered by the C library
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
