@@ -11,6 +11,7 @@ not a skip, so CI cannot go green by skipping the real thing.
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -203,3 +204,22 @@ def carrying_own_code(model: Path, out: Path, marker: Path, model_type: str = "l
     config |= {"model_type": model_type, "auto_map": {"AutoConfig": "own_code.OwnConfig"}}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+@pytest.fixture
+def quiet() -> Iterator[None]:
+    """specshim's logger as ``--quiet`` sets it (warnings only), as it was after the test."""
+    from specshim import console
+
+    logger = console.LOGGER
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    console.configure(quiet=True)
+    yield
+    logger.handlers, logger.level, logger.propagate = saved
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as tqdm asks before it draws a bar."""
+
+    def isatty(self) -> bool:
+        return True

@@ -126,13 +126,23 @@ def _add_trust_remote_code(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_verbose(command: argparse.ArgumentParser, folder: str) -> None:
+    """``--verbose``: the libraries' log (:mod:`specshim.runner.library_log`) on stderr too."""
+    command.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"vLLM's and the other libraries' log on stderr too (it is always in "
+        f"{folder}/libraries.log)",
+    )
+
+
 def _extract(args: argparse.Namespace) -> int:
-    """Run the extraction; vLLM's log goes to stderr unless ``--verbose``, so stdout holds
-    only the summary."""
-    from specshim.runner import extraction
+    """Run the extraction, the libraries' log in ``--out`` (:mod:`~specshim.runner.library_log`);
+    what vLLM's processes print themselves goes to stderr, so stdout holds only the summary."""
+    from specshim.runner import extraction, library_log
     from specshim.runner.extraction import options
 
-    with contextlib.nullcontext() if args.verbose else _stdout_to_stderr():
+    with _stdout_to_stderr(), library_log.kept(args.out, args.verbose):
         summary = extraction.extract(
             args.model,
             args.data,
@@ -242,7 +252,7 @@ def _add_extract(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="replace files in --out that specshim did not write (else the run stops first)",
     )
     _add_trust_remote_code(command)
-    command.add_argument("--verbose", action="store_true", help="vLLM's log on stdout too")
+    _add_verbose(command, "OUT")
     command.set_defaults(handler=_extract)
 
 
@@ -323,24 +333,25 @@ def _add_vocab(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _train(args: argparse.Namespace) -> int:
-    from specshim.runner import train
+    from specshim.runner import library_log, train
 
-    result = train.train(
-        args.data,
-        args.verifier,
-        args.out,
-        vocab=args.vocab,
-        epochs=args.epochs,
-        lr=args.lr,
-        max_len=args.max_len,
-        num_layers=args.num_layers,
-        ttt_steps=args.ttt_steps,
-        device=args.device,
-        resume=args.resume,
-        dtype=args.dtype,
-        overwrite=args.overwrite,
-        trust_remote_code=args.trust_remote_code,
-    )
+    with library_log.kept(args.out, args.verbose):
+        result = train.train(
+            args.data,
+            args.verifier,
+            args.out,
+            vocab=args.vocab,
+            epochs=args.epochs,
+            lr=args.lr,
+            max_len=args.max_len,
+            num_layers=args.num_layers,
+            ttt_steps=args.ttt_steps,
+            device=args.device,
+            resume=args.resume,
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+            trust_remote_code=args.trust_remote_code,
+        )
     print(result.text())
     return 0
 
@@ -392,6 +403,7 @@ def _add_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--dtype", default="float32", help="float32 or bfloat16 (model and states)"
     )
     _add_trust_remote_code(command)
+    _add_verbose(command, "OUT")
     command.set_defaults(handler=_train)
 
 
@@ -512,7 +524,7 @@ def _add_triage(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from specshim.runner import evaluate, export
+    from specshim.runner import evaluate, export, library_log
     from specshim.testbed import learnable
 
     draft = served = args.draft
@@ -522,7 +534,7 @@ def _eval(args: argparse.Namespace) -> int:
             parser().error("eval of a training folder needs --data (its extraction folder)")
         served = draft / ("served" if args.layer_shift == 1 else f"served-shift-{args.layer_shift}")
     out = args.out or served.parent / f"eval-{served.name}"  # one a draft: see --help
-    with out_lock.held(out, "eval"):
+    with out_lock.held(out, "eval"), library_log.kept(out, args.verbose):
         if training:
             export.export(draft, args.data, served, shift=args.layer_shift)
         prompts = (
@@ -585,11 +597,12 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="replace files in --out that specshim did not write (else the run stops first)",
     )
     _add_trust_remote_code(command)
+    _add_verbose(command, "OUT")
     command.set_defaults(handler=_eval)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specshim.runner import pipeline
+    from specshim.runner import library_log, pipeline
 
     settings = pipeline.Settings(
         args.workdir,
@@ -600,7 +613,8 @@ def _run(args: argparse.Namespace) -> int:
         args.backend,
         args.overwrite,
     )
-    return pipeline.run(settings)
+    with library_log.kept(args.workdir, args.verbose):
+        return pipeline.run(settings)
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -634,6 +648,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help="let it write into a --workdir that holds files another run or tool wrote",
     )
+    _add_verbose(command, "WORKDIR")
     command.set_defaults(handler=_run)
 
 

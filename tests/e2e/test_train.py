@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -45,6 +46,7 @@ def extracted(tiny_models, tmp_path_factory) -> Path:
     done = specshim("0.4.0.1", "extract", "--model", model, "--data", str(dataset),
                     "--out", str(out), "--max-model-len", "256")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    (root / "extract.stderr").write_text(done.stderr)  # test_what_vllm_says_goes_to_the_log_file
     vocab = specshim("0.4.0.1", "vocab", "--data", str(out), "--draft-vocab-size", "128",
                      "--model", model)  # fmt: skip
     assert vocab.returncode == 0, vocab.stderr[-3000:]
@@ -73,6 +75,23 @@ def test_loss_goes_down(speculators, extracted, tmp_path) -> None:
     assert len(losses) >= 6
     assert sum(losses[-3:]) / 3 < 0.5 * losses[0], losses
     assert sorted(p.name for p in (tmp_path / "draft" / "checkpoints").iterdir()) == ["0", "1", "2"]
+
+
+#: A line of vLLM's own log format: ``(EngineCore pid=12) WARNING 12-07 13:15:37 [file.py:1] ...``
+VLLM_LINE = re.compile(r"^(\(\S+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d ", re.M)
+
+
+def test_what_vllm_says_goes_to_the_log_file(extracted) -> None:
+    """What vLLM says while ``extract`` runs (its engine's and its worker's records) goes to
+    ``--out``/libraries.log, named in one line at the end; none of it reaches stderr, which
+    (not a terminal here) draws no progress bar either."""
+    said = (extracted.parent / "extract.stderr").read_text()
+    assert VLLM_LINE.search(said) is None, said[-3000:]
+    log = extracted / "libraries.log"
+    assert VLLM_LINE.search(log.read_text()) is None  # one format in the file: specshim's
+    assert " WARNING vllm." in log.read_text()
+    assert "[extract]" not in said
+    assert said.splitlines()[-1] == f"specshim: what vLLM and the other libraries said is in {log}"
 
 
 def test_resume_continues_from_the_last_checkpoint(extracted, tmp_path) -> None:

@@ -517,12 +517,12 @@ def test_summary_states_the_throughput_definition() -> None:
 
 def test_throughput_is_what_the_bar_last_showed() -> None:
     """Time after the last batch (engine shutdown, final files) does not count."""
-    import io
     import time
 
+    from conftest import Terminal
     from specshim.runner.progress import Progress
 
-    stream = io.StringIO()
+    stream = Terminal()
     bar = Progress(total=2, stream=stream, started=time.perf_counter() - 2.0)
     bar.update(2, 4000)
     bar.finish()

@@ -1,8 +1,14 @@
 """Progress counts whether or not it draws: the summary's throughput depends on it."""
 
 import io
+import logging
+import sys
 
+import pytest
+
+from conftest import Terminal
 from specshim.runner.progress import Progress
+from specshim.runner.train import ProgressBar, TokenCounter
 
 
 def test_hidden_progress_still_counts_tokens() -> None:
@@ -16,7 +22,7 @@ def test_hidden_progress_still_counts_tokens() -> None:
 
 
 def test_visible_progress_draws_one_line_then_ends_it() -> None:
-    stream = io.StringIO()
+    stream = Terminal()
     bar = Progress(total=4, stream=stream)
     bar.update(1, 50)
     bar.finish()
@@ -47,3 +53,38 @@ def test_restart_leaves_the_time_spent_starting_out_of_the_throughput(monkeypatc
     now[0] = 15.0
     bar.update(1, 100)
     assert bar.elapsed == 2.0 and bar.tokens_per_second == 50.0
+
+
+def drawn_by_progress(stream: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What extract's (and convert's) bar draws on ``stream`` for one batch."""
+    bar = Progress(total=4, stream=stream)
+    bar.update(1, 50)
+    bar.finish()
+    return stream.getvalue()
+
+
+def drawn_by_training(stream: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What ``train``'s bar draws on ``stream`` (as stderr) for one of speculators' steps."""
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = ProgressBar(epochs=1, steps_per_epoch=2, tokens=TokenCounter())
+    step = {"train": {"loss": 0.5}, "epoch": 0}
+    bar.emit(logging.LogRecord("speculators.metrics", logging.INFO, "", 0, step, None, None))
+    bar.close()
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("drawn", [drawn_by_progress, drawn_by_training])
+def test_a_bar_is_drawn_on_a_terminal(drawn, monkeypatch) -> None:
+    assert "1/" in drawn(Terminal(), monkeypatch)
+
+
+@pytest.mark.parametrize("drawn", [drawn_by_progress, drawn_by_training])
+def test_no_bar_where_the_stream_is_not_a_terminal(drawn, monkeypatch) -> None:
+    """A log file or a pipe gets no bar (tqdm's ``disable=None``), only the summary."""
+    assert drawn(io.StringIO(), monkeypatch) == ""
+
+
+@pytest.mark.usefixtures("quiet")
+@pytest.mark.parametrize("drawn", [drawn_by_progress, drawn_by_training])
+def test_no_bar_with_quiet_even_on_a_terminal(drawn, monkeypatch) -> None:
+    assert drawn(Terminal(), monkeypatch) == ""

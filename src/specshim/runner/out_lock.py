@@ -22,12 +22,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 LOCK_FILE = ".specshim.lock"
+#: What the libraries said while a command ran there (:mod:`specshim.runner.library_log`).
+LIBRARIES_LOG = "libraries.log"
 
 
 def contents(folder: Path) -> list[Path]:
-    """What ``folder`` (an existing folder) holds, sorted, less :data:`LOCK_FILE`: the lock is
-    never one of the folder's files."""
-    return sorted(p for p in folder.iterdir() if p.name != LOCK_FILE)
+    """What ``folder`` (an existing folder) holds, sorted, less :data:`LOCK_FILE` and
+    :data:`LIBRARIES_LOG`: the command that runs there writes them, they are never one of the
+    folder's files."""
+    return sorted(p for p in folder.iterdir() if p.name not in (LOCK_FILE, LIBRARIES_LOG))
 
 
 class OutInUse(Exception):

@@ -10,11 +10,21 @@ pending after the last batch count. The counts are kept whether or not the line 
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import TextIO
 
 from tqdm import tqdm
+
+from specshim import console
+
+
+def hidden(visible: bool = True) -> bool | None:
+    """tqdm's ``disable`` for a bar of specshim's: hidden when not ``visible`` or with
+    ``--quiet`` (specshim's logger set above INFO: :func:`specshim.console.configure`), else
+    tqdm's ``None``: drawn only where its stream is a terminal, as users of tqdm expect."""
+    return True if not visible or console.LOGGER.level > logging.INFO else None
 
 
 class Progress:
@@ -52,7 +62,7 @@ class Progress:
                 total=self.total,
                 desc=f"[{self._label}]",
                 file=self._stream,
-                disable=not self._visible,
+                disable=hidden(self._visible),
                 bar_format="{desc} {n_fmt}/{total_fmt} samples{postfix}, ETA {remaining}",
             )
         self._bar.set_postfix_str(f"{self.tokens_per_second:,.0f} tok/s", refresh=False)

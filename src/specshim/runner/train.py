@@ -37,7 +37,7 @@ from typing import Any
 
 import specshim
 from specshim import console
-from specshim.runner import distributed, extracted, files, out_lock, remote_code, stored
+from specshim.runner import distributed, extracted, files, out_lock, progress, remote_code, stored
 
 #: What speculators' training reads (speculators/train/data.py, standardize_data_v1).
 AUX_LAYERS = 3
@@ -252,6 +252,7 @@ class ProgressBar(logging.Handler):
             desc=f"[specshim train] epoch {epoch + 1}/{self.epochs}",
             unit="step",
             file=sys.stderr,
+            disable=progress.hidden(),
         )
 
     def close_bar(self) -> None:

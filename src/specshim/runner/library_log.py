@@ -1,0 +1,169 @@
+"""Where other libraries' messages go while a command runs: into :data:`FILE` in the command's
+output folder, and live on stderr too only with ``--verbose``; stderr keeps specshim's own lines
+(:mod:`specshim.console`) and stdout the command's result.
+
+vLLM is told through its own setting: ``VLLM_LOGGING_CONFIG_PATH`` names a ``logging``
+configuration written for the run whose handlers append to the file, so vLLM's engine and
+worker processes, which read it as they start, write there too (a user's own
+``VLLM_CONFIGURE_LOGGING`` or ``VLLM_LOGGING_CONFIG_PATH`` is left as it is). In this process,
+what other libraries log (speculators, vLLM before it configures itself) reaches the file
+through the root logger, Python warnings through ``logging.captureWarnings``, loguru's records
+(speculators' model loading) through a sink; transformers' progress bars are off unless
+``verbose``. Still on the terminal: what transformers and the hub log through their own
+handlers, and what a process writes to its file descriptors itself, which only a redirection of
+the descriptors would catch (torch's C++ warnings, the progress bar of vLLM's weight loading,
+what a worker process of vLLM says before vLLM sets up its log there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from specshim import console
+from specshim.runner import out_lock
+
+#: The log's name in the output folder (never one of the folder's files).
+FILE = out_lock.LIBRARIES_LOG
+#: How many of its last lines a failed command that wrote nothing else shows.
+LAST_LINES = 5
+#: One line a record, whichever library and process wrote it.
+FORMAT = "%(asctime)s pid=%(process)d %(levelname)s %(name)s: %(message)s"
+#: vLLM's settings that say where its log goes: one set by the user is kept.
+VLLM_SETTINGS = ("VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_CONFIG_PATH")
+
+
+def _handlers(log: Path, verbose: bool) -> list[logging.Handler]:
+    """A handler appending to ``log`` (opened at the first record), and one on stderr when
+    ``verbose``, both writing :data:`FORMAT`."""
+    handlers: list[logging.Handler] = [logging.FileHandler(log, delay=True, encoding="utf-8")]
+    if verbose:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(FORMAT))
+    return handlers
+
+
+def vllm_config(log: Path, verbose: bool) -> dict[str, Any]:
+    """The ``logging`` configuration vLLM applies in each of its processes: its logger's
+    records appended to ``log`` (and on stderr when ``verbose``), at ``VLLM_LOGGING_LEVEL``."""
+    handlers: dict[str, Any] = {
+        "file": {"class": "logging.FileHandler", "filename": str(log), "delay": True,
+                 "encoding": "utf-8", "formatter": "line"},
+    }  # fmt: skip
+    if verbose:
+        handlers["stderr"] = {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                              "formatter": "line"}  # fmt: skip
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,  # specshim's own logger keeps its handler
+        "formatters": {"line": {"format": FORMAT}},
+        "handlers": handlers,
+        "loggers": {
+            "vllm": {
+                "handlers": list(handlers),
+                "level": os.environ.get("VLLM_LOGGING_LEVEL", "INFO"),
+                "propagate": False,
+            }
+        },
+    }
+
+
+@contextlib.contextmanager
+def _settings(log: Path, verbose: bool) -> Iterator[None]:
+    """Inside, ``VLLM_LOGGING_CONFIG_PATH`` names :func:`vllm_config` (unless the user chose
+    where vLLM's log goes) and, unless ``verbose``, transformers' and the hub's progress bars
+    are off (``HF_HUB_DISABLE_PROGRESS_BARS``, read as they are imported, unless the user
+    set it); the environment and vLLM's logger are as they were after."""
+    logger = logging.getLogger("vllm")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    with tempfile.TemporaryDirectory(prefix="specshim-log-") as folder:
+        config = Path(folder) / "vllm_logging.json"
+        config.write_text(json.dumps(vllm_config(log, verbose)))
+        chosen = {} if any(name in os.environ for name in VLLM_SETTINGS) else {
+            "VLLM_LOGGING_CONFIG_PATH": str(config)}  # fmt: skip
+        if not verbose:
+            chosen["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        chosen = {name: value for name, value in chosen.items() if name not in os.environ}
+        os.environ.update(chosen)
+        try:
+            yield
+        finally:
+            for name in chosen:
+                del os.environ[name]
+            for handler in logger.handlers:
+                if handler not in saved[0]:
+                    handler.close()
+            logger.handlers, logger.level, logger.propagate = saved
+
+
+@contextlib.contextmanager
+def _loguru_to(handlers: list[logging.Handler]) -> Iterator[None]:
+    """Inside, loguru's records (where loguru is installed) go to ``handlers`` instead of its
+    default sink on stderr, which is back after."""
+    try:
+        from loguru import logger
+    except ImportError:
+        yield
+        return
+    logger.remove()
+    sinks = [logger.add(handler, format="{message}", level="INFO") for handler in handlers]
+    try:
+        yield
+    finally:
+        for sink in sinks:
+            logger.remove(sink)
+        logger.add(sys.stderr)
+
+
+@contextlib.contextmanager
+def kept(folder: Path, verbose: bool = False) -> Iterator[Path]:
+    """Inside, other libraries' messages go to ``folder``/:data:`FILE` (yielded), and on
+    stderr too when ``verbose``. At the end one line says where the log is (at INFO; as a
+    warning when the command failed, for the user to read why); nothing where this run wrote
+    nothing there (an earlier run's log is appended to, not replaced). A command that failed
+    before writing anything else there shows the log's last lines instead and removes it: a
+    refused command leaves nothing behind."""
+    log = folder / FILE
+    if folder.exists() and not folder.is_dir():  # the command refuses it with its own line
+        yield log
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    before = log.stat().st_size if log.is_file() else 0
+    handlers = _handlers(log, verbose)
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    root.handlers = saved + handlers
+    logging.captureWarnings(True)
+    failed = True
+    try:
+        with _settings(log, verbose), _loguru_to(handlers):
+            yield log
+        failed = False
+    finally:
+        logging.captureWarnings(False)
+        root.handlers = saved
+        for handler in handlers:
+            handler.close()
+        if log.is_file() and log.stat().st_size > before:
+            _tell(log, failed, new=not before)
+
+
+def _tell(log: Path, failed: bool, new: bool) -> None:
+    """Say where ``log`` is, or (a failed command that wrote nothing else beside it, ``new``:
+    the log too is this command's) its last lines, removing it."""
+    if not failed:
+        console.LOGGER.info("what vLLM and the other libraries said is in %s", log)
+    elif new and not out_lock.contents(log.parent):
+        last = log.read_text(errors="replace").splitlines()[-LAST_LINES:]
+        log.unlink()
+        console.LOGGER.warning("what the libraries said last:\n  %s", "\n  ".join(last))
+    else:
+        console.LOGGER.warning("what vLLM and the other libraries said is in %s", log)
