@@ -75,3 +75,14 @@ def test_a_command_refused_before_writing_shows_the_last_lines_and_leaves_nothin
     assert [line.split(" WARNING ")[1] for line in said[1:]] == [
         f"somelib: retry {retry}: no network" for retry in range(3, 8)
     ]
+
+
+def test_verbose_shows_them_live_too(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
+    with library_log.kept(tmp_path, verbose=True) as log:
+        logging.getLogger("somelib").warning("a note")
+        told = json.loads(Path(os.environ["VLLM_LOGGING_CONFIG_PATH"]).read_text())
+    assert "WARNING somelib: a note" in log.read_text()
+    assert "WARNING somelib: a note" in capsys.readouterr().err
+    assert told["loggers"]["vllm"]["handlers"] == ["file", "stderr"]
