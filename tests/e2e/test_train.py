@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SPECULATORS, speculators_path, vllm_python
+from e2e import harness
 from specshim.runner import export
 from specshim.testbed import data
 
@@ -116,17 +117,13 @@ def kill_after_first_checkpoint(cmd: list[str], env: dict[str, str], out: Path) 
     """Start training, SIGKILL its process group once epoch 0's checkpoint is complete, and
     return the epochs whose checkpoints are complete (the kill may land mid-save of another)."""
     import signal
-    import time
 
     from specshim.runner.train import epochs, is_complete
 
     first = subprocess.Popen(cmd, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 600
-    while not is_complete(out / "checkpoints" / "0"):
-        assert first.poll() is None, "training ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    harness.wait_while_running(first, lambda: is_complete(out / "checkpoints" / "0"),
+                               "it could be killed")  # fmt: skip
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     return [int(p.name) for p in epochs(out / "checkpoints") if is_complete(p)]
