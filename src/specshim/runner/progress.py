@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TextIO
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, TextIO
 
 from specshim import console
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 def hidden(visible: bool = True) -> bool | None:
@@ -58,6 +59,8 @@ class Progress:
         self.tokens += tokens
         self.updated = time.perf_counter()
         if self._bar is None:
+            from tqdm import tqdm  # here: the command line's parser imports this module
+
             self._bar = tqdm(
                 total=self.total,
                 desc=f"[{self._label}]",
