@@ -17,7 +17,7 @@ def render(rows: list[matrix.Row]) -> str:
         "# Compatibility matrix",
         "",
         "Every row was installed and run for real; `level` says how far it got (a failed row",
-        "failed at its level). Generated from `src/specshim/data/compat_matrix.yaml` by",
+        "failed at its level). Generated from `compat_matrix.yaml` by",
         "`scripts/gen_compat_doc.py`: edit the YAML, not this file.",
         "",
         "- *control*: a vLLM release inside that speculators version's own range; no adapter for a",

@@ -1,7 +1,7 @@
 """Measure the rows of compat_matrix.yaml for real and write their verdicts back.
 
-The matrix and the snapshots are the ones specshim ships (``src/specshim/data``, found through
-the editable install of this checkout).
+The matrix is the checkout's top-level ``compat_matrix.yaml`` and the snapshots are the ones
+specshim ships (``src/specshim/data``), both found through the editable install of this checkout.
 
     scripts/run_matrix.py --list-json            rows as JSON, for the CI workflow's matrix
     scripts/run_matrix.py --row ID [--write]     measure one row (ID as --list-json prints it;

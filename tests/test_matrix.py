@@ -24,6 +24,13 @@ def rows(*pairs: tuple[str, str, str]) -> list[matrix.Row]:
     ]
 
 
+def test_a_checkout_reads_the_top_level_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECSHIM_MATRIX", raising=False)
+    top = Path(__file__).resolve().parents[1] / "compat_matrix.yaml"
+    assert matrix.shipped() == top
+    assert matrix.default_path() == top
+
+
 def test_the_shipped_matrix_loads() -> None:
     loaded = matrix.load()
     assert loaded, "compat_matrix.yaml has no rows"

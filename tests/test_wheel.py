@@ -9,10 +9,13 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
+from setuptools import find_namespace_packages
 
 from specshim import contracts, engine, hardware, matrix, versions
 
@@ -33,7 +36,7 @@ def build_wheel(work: Path) -> Path:
     source = work / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     shutil.copytree(ROOT / "src", source / "src", ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "compat_matrix.yaml"):
         shutil.copy2(ROOT / name, source / name)
     pip = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index")
     run(*pip, "--wheel-dir", work / "dist", source)
@@ -42,14 +45,18 @@ def build_wheel(work: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path) -> Path:
     """The bin folder of a fresh virtual environment holding the specshim wheel and nothing
     else of specshim. vLLM, torch and specshim's requirements are this test environment's,
     added after the fresh site-packages by a .pth line, as a user installs specshim beside
     their vLLM: a folder named in a .pth file is not scanned for .pth files, so the checkout's
     editable specshim (``__editable__.specshim-*.pth``) stays out."""
-    work = tmp_path_factory.mktemp("wheel")
-    wheel = build_wheel(work)
+    work = wheel.parents[1]
     venv.create(work / "venv", with_pip=False)
     python = work / "venv" / "bin" / "python"
     pip = (sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index")
@@ -76,6 +83,32 @@ def installed_vllm() -> versions.Installed:
     if vllm.version is None:
         pytest.skip("vLLM is not installed")
     return vllm
+
+
+def test_the_wheel_ships_the_top_level_matrix_byte_for_byte(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.read("specshim/data/top_level/compat_matrix.yaml")
+    assert shipped == (ROOT / "compat_matrix.yaml").read_bytes()
+
+
+def test_the_listed_packages_are_every_package_under_src() -> None:
+    """pyproject.toml lists the packages (the matrix's package maps the repository's top), so a
+    new package under src/ left off the list would be missing from the wheel."""
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = find_namespace_packages(ROOT / "src", exclude=["*.egg-info", "*__pycache__*"])
+    assert sorted(listed) == sorted([*found, "specshim.data.top_level"])
+
+
+def test_the_installed_matrix_is_the_shipped_copy(installed: Path, tmp_path: Path) -> None:
+    where = run(
+        installed / "python",
+        "-c",
+        "from specshim import matrix; print(matrix.shipped())",
+        cwd=tmp_path,
+    )
+    shipped = Path(where.stdout.strip())
+    assert shipped.is_relative_to(installed.parent), shipped
+    assert shipped.read_bytes() == (ROOT / "compat_matrix.yaml").read_bytes()
 
 
 def test_the_wheel_is_imported_not_the_checkout(installed: Path, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The compatibility matrix: which combinations were run for real, and what happened.
 
-``compat_matrix.yaml`` (shipped in the package, ``specshim/data``) holds one row
+``compat_matrix.yaml`` (at the top of the repository, shipped in the wheel) holds one row
 per tested combination, and names the accelerator it was measured on. ``verdict`` answers
 for an installed combination: a row that matches the vLLM release, the speculators version and
 this machine's accelerator gives its measured verdict; a row measured on another accelerator
@@ -119,9 +119,15 @@ def _row(index: int, raw: Any) -> Row:
 
 
 def shipped() -> Path:
-    """The ``compat_matrix.yaml`` shipped with specshim (``specshim/data``): in a checkout
-    (an editable install) the file that ``scripts/run_matrix.py`` rewrites."""
-    return shipped_data.path("compat_matrix.yaml")
+    """The one ``compat_matrix.yaml``: in a checkout (``src/specshim`` beside it) the file at the
+    top of the repository, which users and CI read and ``scripts/run_matrix.py`` rewrites; in an
+    installed wheel the copy it ships (``specshim/data/top_level``), the same bytes, put there by
+    pyproject.toml's package-dir mapping rather than copied by hand."""
+    package = Path(__file__).resolve().parent
+    checkout = package.parents[1] / "compat_matrix.yaml"
+    if package.parent.name == "src" and checkout.is_file():
+        return checkout
+    return shipped_data.path("top_level/compat_matrix.yaml")
 
 
 def default_path() -> Path:

@@ -1,5 +1,6 @@
-"""Data shipped inside the package: the compatibility matrix (``compat_matrix.yaml``) and the
-recorded vLLM snapshots (``contracts/vllm-<version>.json``).
+"""Data shipped inside the package: the recorded vLLM snapshots (``contracts/vllm-<version>.json``)
+and, in a wheel, the compatibility matrix (``top_level/compat_matrix.yaml``: the repository's
+top-level file, mapped there by pyproject.toml; :func:`specshim.matrix.shipped` finds it).
 
 They are found through :mod:`importlib.resources`, so an installed wheel reads the files it
 ships exactly as a checkout (an editable install) reads ``src/specshim/data``.
