@@ -769,17 +769,17 @@ def run() -> NoReturn:
     """The ``specshim`` command: :func:`main`, then the process ends without the interpreter's
     teardown. After vLLM, that teardown (freeing every module of torch, vLLM and transformers)
     takes seconds and does nothing a user sees: each file was written and closed by then. What
-    an exit does besides is done first: other threads joined, the exit handlers (``atexit``:
-    vLLM's shutdown, the writer processes' end, ``logging``'s flush) run, every output
-    buffer flushed."""
+    an exit does besides is done first: thread pools stopped and other threads joined, the exit
+    handlers (``atexit``: vLLM's shutdown, the writer processes' end, ``logging``'s flush) run,
+    every output buffer flushed."""
     code = main()
     import atexit
     import ctypes
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # as the interpreter's exit does: thread pools told to stop, other threads joined, then the
+    # exit handlers
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed by its reader: nobody to tell
