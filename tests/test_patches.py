@@ -4,11 +4,13 @@ and undone by ``specshim.revert()``, original objects back by identity."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
 import sys
 import types
+import weakref
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,77 @@ def test_a_scoped_patch_is_undone_on_the_way_out_or_by_revert_and_only_once() ->
         assert owner.value is original and patches.applied() == ()
         owner.value = "set since"
     assert owner.value == "set since"  # the way out does not revert a second time
+
+
+class StandIn:
+    """An object with a lifetime, as vLLM's worker or model runner: one method to patch."""
+
+    def execute_model(self) -> str:
+        return "original"
+
+
+def test_a_patch_undone_by_its_owner_is_restored_and_holds_its_object_no_longer() -> None:
+    target = StandIn()
+    owner = types.SimpleNamespace(value=1)
+    patches.apply("engine_steps", [Patch(owner, "value", 2)])
+    patches.apply("engine_capture", [Patch(target, "execute_model", lambda: "patched")])
+    assert target.execute_model() == "patched"
+    patches.undo("engine_capture")
+    assert target.execute_model() == "original" and "execute_model" not in vars(target)
+    assert patches.applied() == ("engine_steps",) and owner.value == 2  # others stay
+    patches.undo("engine_capture")  # undone already: nothing
+    alive = weakref.ref(target)
+    del target
+    gc.collect()
+    assert alive() is None
+    assert patches.revert() == ("engine_steps",) and owner.value == 1
+
+
+#: The engine backend closing, with a stand-in worker and engine, through the real extension's
+#: and generator's methods on speculators 0.4.0.1: what of the worker is left after.
+ENGINE_CLOSED = """
+import gc, types, weakref
+import specshim
+specshim.apply()
+from specshim import patches
+from specshim.adapters.model import Patch
+from specshim.runner.extraction.backends.engine import EngineGenerator
+from specshim.runner.in_worker.capture_extension import EngineCapture
+
+class Worker:
+    def execute_model(self):
+        return "original"
+
+worker = Worker()
+patches.apply("engine_capture", [Patch(worker, "execute_model", lambda: "patched")])
+stopped = []
+generator = EngineGenerator.__new__(EngineGenerator)
+generator.llm = types.SimpleNamespace(
+    collective_rpc=lambda method: [getattr(EngineCapture, method)(worker)],
+    llm_engine=types.SimpleNamespace(
+        engine_core=types.SimpleNamespace(shutdown=lambda: stopped.append(True))
+    ),
+)
+generator.shutdown()
+print("closed:", stopped, patches.applied(), worker.execute_model())
+alive = weakref.ref(worker)
+del worker, generator
+gc.collect()
+print("worker alive:", alive() is not None)
+"""
+
+
+def test_the_engine_backend_closing_undoes_the_capture_in_its_worker_fake_engine() -> None:
+    """The worker runs in the calling process on vLLM's CPU backend: once the engine closes,
+    nothing of specshim's holds it (its weights and KV cache)."""
+    from conftest import speculators_path
+
+    paths = [str(speculators_path("0.4.0.1")), str(ROOT / "src")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    done = subprocess.run([sys.executable, "-c", ENGINE_CLOSED], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == ["closed: [True] () original", "worker alive: False"]
 
 
 def test_report_lines_name_every_declared_patch() -> None:

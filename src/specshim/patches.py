@@ -6,7 +6,8 @@ device name, and inside vLLM's worker the methods its capture and writers hook. 
 declared in :data:`DECLARED` (what, where, why), so that ``specshim report`` lists them
 (:func:`lines`), and each is made through the adapters' :class:`~specshim.adapters.model.Patch`
 by :func:`scoped` or :func:`apply`, so that :func:`revert` (called by :func:`specshim.revert`)
-puts every original back by identity, newest first.
+puts every original back by identity, newest first. A patch applied to objects with a lifetime
+(vLLM's worker) is undone by its owner when done (:func:`undo`): the list holds its objects.
 """
 
 from __future__ import annotations
@@ -102,10 +103,25 @@ def scoped(name: str, patches: Sequence[Patch]) -> Iterator[None]:
     try:
         yield
     finally:
-        if any(e is entry for e in _APPLIED):  # not already undone by revert()
-            _APPLIED[:] = [e for e in _APPLIED if e is not entry]
-            for patch in reversed(entry[1]):
-                patch.revert()
+        _undo(entry)
+
+
+def undo(name: str) -> None:
+    """Undo the newest patch ``name`` still applied (nothing where none is): for one applied
+    to objects that must not outlive their use, as vLLM's worker and runner, which
+    :data:`_APPLIED` would otherwise keep alive until :func:`revert`."""
+    for entry in reversed(_APPLIED):
+        if entry[0] == name:
+            _undo(entry)
+            return
+
+
+def _undo(entry: tuple[str, list[Patch]]) -> None:
+    """Revert ``entry``'s patches and forget it, unless :func:`revert` already did."""
+    if any(e is entry for e in _APPLIED):
+        _APPLIED[:] = [e for e in _APPLIED if e is not entry]
+        for patch in reversed(entry[1]):
+            patch.revert()
 
 
 def applied() -> tuple[str, ...]:

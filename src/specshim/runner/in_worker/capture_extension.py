@@ -49,6 +49,12 @@ class EngineCapture(HiddenStatesWorkerExtension):  # type: ignore[misc]  # specu
         self._specshim_capture = capture
         return True
 
+    def specshim_engine_uninstall(self) -> None:
+        """Undo :meth:`specshim_engine_install`'s patches: :mod:`specshim.patches` would
+        otherwise keep the worker and its runner (weights, KV cache) alive after the engine
+        closes, where the worker runs in the calling process (vLLM's CPU backend)."""
+        patches.undo("engine_capture")
+
     def specshim_engine_finished(self, wait: bool) -> list[Report] | None:
         """The files written since the last call (rank 0; None elsewhere)."""
         capture: StepCapture | None = getattr(self, "_specshim_capture", None)

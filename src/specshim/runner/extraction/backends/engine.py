@@ -13,6 +13,7 @@ writes each whole prompt's file. The caller announces each sample in its request
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shutil
 from dataclasses import dataclass
@@ -76,6 +77,14 @@ class EngineGenerator(LLMGenerator):
         self.feed = EngineFeed(self.llm.llm_engine, ahead)
         self.files = EngineFiles(self.llm, self.feed)
         self._calls = 0
+
+    def shutdown(self) -> None:
+        """Undo the worker's capture patches (where the worker runs in this process, they
+        would keep its weights and KV cache alive), then stop vLLM's engine. An engine that
+        died cannot answer: it is stopped all the same."""
+        with contextlib.suppress(Exception):
+            self.llm.collective_rpc("specshim_engine_uninstall")
+        super().shutdown()
 
     def recomputed(self) -> int:
         """How many prompts vLLM preempted part-way, for KV cache room, and computed again
