@@ -6,11 +6,13 @@ The holder is a real process holding the lock as a command does; the second is t
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,3 +206,71 @@ def test_evals_of_sibling_drafts_each_get_a_folder_of_their_own(tmp_path: Path) 
     assert f"--out {drafts / 'eval-a'} is in use by specshim extract" in taken.stderr
     assert other.returncode == 1 and "in use" not in other.stderr, other.stderr
     assert not (drafts / "eval-b").exists()  # refused (no verifier v): nothing left behind
+
+
+def unwritable_lock_file(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``folder``'s lock file as another user's run leaves it: read-only to this user
+    (chmod 0444). Root passes over permissions: there, opening it to write is refused by a
+    fake ``os.open``, as the kernel refuses another user."""
+    lock = folder / out_lock.LOCK_FILE
+    lock.touch()
+    lock.chmod(0o444)
+    if os.geteuid() == 0:
+        real = os.open
+
+        def fake_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            if Path(path) == lock and flags & (os.O_RDWR | os.O_WRONLY):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", fake_open)
+    return lock
+
+
+def test_a_reader_locks_another_users_lock_file_read_only_fake_eacces_as_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group-writable --data another user's run left its lock file in: train reads it,
+    holding the lock shared all the same (a writer stops on it); a writer there is told which
+    file it cannot open."""
+    data = tmp_path / "hs"
+    data.mkdir()
+    unwritable_lock_file(data, monkeypatch)
+    refused = rf"^--out {data}: cannot open \.specshim\.lock there "
+    with pytest.raises(ValueError, match=refused), out_lock.held(data, "extract"):
+        pass
+    with out_lock.held(data, "train", "--data", shared=True):
+        result = specshim(*[str(data) if a == "{}" else a for a in COMMANDS["extract"]])
+        assert result.returncode == 2 and f"--out {data} is in use by" in result.stderr
+    assert list(data.iterdir()) == []  # the last reader out removed it
+
+
+def test_the_lock_file_is_made_as_any_file_less_the_umask(tmp_path: Path) -> None:
+    """Group-writable under umask 002, so that the group's readers and writers lock it."""
+    umask = os.umask(0o002)
+    try:
+        with out_lock.held(tmp_path / "out", "extract"):
+            mode = (tmp_path / "out" / out_lock.LOCK_FILE).stat().st_mode & 0o777
+    finally:
+        os.umask(umask)
+    assert mode == 0o664
+
+
+def test_a_writer_refused_by_readers_is_not_named_an_ended_reader(tmp_path: Path) -> None:
+    """Each reader writes over the holder line: once the newest ends, the refusal names no
+    pid that has ended."""
+    data = tmp_path / "hs"
+    data.mkdir()
+    first = hold(data, "--data")
+    try:
+        newest = hold(data, "--data")
+        newest.send_signal(signal.SIGINT)  # ends; the first reads on
+        newest.wait()
+        assert f"(pid {newest.pid}," in (data / out_lock.LOCK_FILE).read_text()
+        result = specshim(*[str(data) if a == "{}" else a for a in COMMANDS["extract"]])
+    finally:
+        first.kill()
+        first.wait()
+    assert result.returncode == 2, result.stderr
+    assert f"--out {data} is in use by specshim readers (train or convert)" in result.stderr
+    assert str(newest.pid) not in result.stderr

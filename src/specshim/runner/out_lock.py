@@ -17,6 +17,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,11 +44,11 @@ def _open_locked(path: Path, folder: str, kind: int) -> int:
     is let go and taken again on the new one, so that a writer never holds ``path`` beside
     another process."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # not a link's file
+        fd = _open(path, shared=kind == fcntl.LOCK_SH)
         try:
             fcntl.flock(fd, kind | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 400).decode(errors="replace").strip() or "another specshim run"
+            holder = _holder(fd)
             os.close(fd)
             raise OutInUse(
                 f"{folder} is in use by {holder}: wait for it to end, or pick another folder"
@@ -58,6 +59,41 @@ def _open_locked(path: Path, folder: str, kind: int) -> int:
         except FileNotFoundError:  # removed by its holder between the open and the lock
             pass
         os.close(fd)
+
+
+def _open(path: Path, shared: bool) -> int:
+    """``path`` opened (never a link's file), made with the permissions of any new file (0666
+    less the umask), so that the user's group can lock it too. A reader that may not write a
+    file another user made opens it read-only: ``flock`` needs no more, only the holder line
+    is not written."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except PermissionError:
+        if not shared:
+            raise
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as the refusal names it: the holder line, unless the pid it names
+    has ended. Then readers hold it still: each reader writes over the line, the last of them
+    may have ended first."""
+    line = os.read(fd, 400).decode(errors="replace").strip()
+    pid = re.search(r"\(pid (\d+),", line)
+    if pid and not _running(int(pid[1])):
+        return "specshim readers (train or convert)"
+    return line or "another specshim run"
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _last(fd: int) -> bool:
@@ -94,6 +130,11 @@ def held(out: Path, command: str, option: str = "--out", *, shared: bool = False
             raise ValueError(
                 f"{folder}: {LOCK_FILE} there is a symbolic link, not specshim's lock file: "
                 "remove it and run again"
+            ) from exc
+        if os.path.lexists(out / LOCK_FILE):
+            raise ValueError(
+                f"{folder}: cannot open {LOCK_FILE} there ({exc.strerror}): its owner can make "
+                "it group-writable (chmod g+rw), or remove it while no run uses the folder"
             ) from exc
         raise ValueError(f"{folder}: cannot write there ({exc.strerror})") from exc
     since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
