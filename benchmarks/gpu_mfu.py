@@ -84,10 +84,11 @@ def step_flops(verifier: Path, data: Path, tokens: int, device: str = "cuda") ->
 
     from specshim.adapters.training import cpu_flex_attention
     from specshim.runner import distributed, train
+    from specshim.runner.train.draft import build_model
 
     d2t = torch.from_numpy(np.load(data / "d2t.npy"))
     t2d = torch.from_numpy(np.load(data / "t2d.npy"))
-    model = train.build_model(str(verifier), d2t, t2d, 1, 3).to(torch.bfloat16).to(device)
+    model = build_model(str(verifier), d2t, t2d, 1, 3).to(torch.bfloat16).to(device)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     files = sorted(str(p) for p in data.glob("data_*.pt"))
     loader = train._loader(files, tokens, 0, torch.bfloat16, distributed.World(1, 0, 0))

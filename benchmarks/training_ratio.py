@@ -49,12 +49,13 @@ def direct(args: Any, out: Path) -> float:
     from speculators.train.trainer import Trainer, TrainerConfig
 
     from specshim.runner import distributed, train
+    from specshim.runner.train.draft import build_model
 
     dtype = getattr(torch, args.dtype)
     d2t = torch.from_numpy(np.load(args.data / "d2t.npy"))
     t2d = torch.from_numpy(np.load(args.data / "t2d.npy"))
     torch.manual_seed(0)
-    model = train.build_model(args.verifier, d2t, t2d, 1, 3).to(dtype)
+    model = build_model(args.verifier, d2t, t2d, 1, 3).to(dtype)
     options = dict(
         lr=1e-3,
         num_epochs=args.epochs,
@@ -102,7 +103,7 @@ def clean_slate(out: Path) -> None:
 
 def compare(args: Any, root: Path, repeats: int) -> dict:
     """Run both paths ``repeats`` times (after a warm-up each), ABBA; medians and ratios."""
-    from specshim.runner import train
+    from specshim.runner.train.metrics import MetricCollector
 
     metrics = logging.getLogger("speculators.metrics")
     metrics.setLevel(logging.INFO)  # what speculators' own script does; specshim train too
@@ -111,7 +112,7 @@ def compare(args: Any, root: Path, repeats: int) -> dict:
     for repeat in range(repeats + 1):  # repeat 0 warms up
         order = list(PATHS) if repeat % 2 == 0 else list(reversed(PATHS))
         for name in order:
-            clock = train.MetricCollector()
+            clock = MetricCollector()
             metrics.addHandler(clock)
             out = root / f"{name}-{repeat}"
             try:

@@ -118,7 +118,7 @@ def kill_after_first_checkpoint(cmd: list[str], env: dict[str, str], out: Path) 
     return the epochs whose checkpoints are complete (the kill may land mid-save of another)."""
     import signal
 
-    from specshim.runner.train import epochs, is_complete
+    from specshim.runner.train.checkpoints import epochs, is_complete
 
     first = subprocess.Popen(cmd, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

@@ -261,7 +261,7 @@ def test_sigterm_stops_training_as_ctrl_c_does_and_the_run_resumes(inputs, tmp_p
     import subprocess
 
     from e2e.test_runner import group_members, specshim_command
-    from specshim.runner.train import is_complete, trained_epochs
+    from specshim.runner.train.checkpoints import is_complete, trained_epochs
 
     out = tmp_path / "draft"
     cmd, env = specshim_command(*args(inputs, out, "--epochs", "200"))
@@ -293,7 +293,7 @@ def test_an_extraction_into_the_data_a_run_trains_on_stops_at_once(inputs, tmp_p
 
     from e2e.test_runner import specshim_command
     from specshim.runner import out_lock
-    from specshim.runner.train import is_complete
+    from specshim.runner.train.checkpoints import is_complete
 
     data = Path(shutil.copytree(inputs[0], tmp_path / "hs"))
     out = tmp_path / "draft"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specshim.runner.train import CHECKPOINT_FILES, set_aside_incomplete, trained_epochs
+from specshim.runner.train.checkpoints import CHECKPOINT_FILES, set_aside_incomplete, trained_epochs
 
 torch = pytest.importorskip("torch")
 

@@ -33,6 +33,7 @@ import torch
 from conftest import ROOT, _missing, speculators_path
 from specshim import cli
 from specshim.runner import convert, files
+from specshim.runner.convert.samples import given_ids
 
 SAMPLES, HIDDEN, VOCAB = 5, 8, 50
 GENERATOR_IDS = [1, 3, 4, 5]  # a 6-layer verifier: three auxiliary layers and the last
@@ -425,7 +426,7 @@ def test_layer_ids_in_a_refusal_are_written_as_they_are_typed(tmp_path: Path) ->
     """``--layers 0,2,3``, not a Python list."""
     where = tmp_path / "data_config.json"
     with pytest.raises(convert.ConversionError) as differs:
-        convert._given_ids([3, 0, 2, 5], [3, 2, 0], where, "")
+        given_ids([3, 0, 2, 5], [3, 2, 0], where, "")
     assert str(differs.value) == f"--layers 0,2,3 differs from the ids {where} records: 0,2,3,5"
     with pytest.raises(convert.ConversionError, match=r"^layer ids 3: expected two or more"):
-        convert._given_ids(None, [3], where, "")
+        given_ids(None, [3], where, "")

@@ -123,13 +123,15 @@ def test_a_folder_made_for_the_lock_goes_again_when_left_empty(tmp_path: Path) -
 def test_the_lock_file_is_no_file_of_the_folder_for_train_or_convert(tmp_path: Path) -> None:
     """A run killed leaves the (unlocked) lock file: train and convert still take the folder
     as new, not as one holding files they did not write."""
-    from specshim.runner import convert, train
+    from specshim.runner import convert
+    from specshim.runner.train import options
+    from specshim.runner.train import out as train_out
 
     out = tmp_path / "out"
     out.mkdir()
     (out / out_lock.LOCK_FILE).write_text("specshim extract (pid 1, since then)\n")
-    settings = train.Settings("d", "v", "d", 8, 1, 1, 0.1, 0, "float32")
-    train.check_out(out, settings, resume=False, overwrite=False)
+    settings = options.Settings("d", "v", "d", 8, 1, 1, 0.1, 0, "float32")
+    train_out.check_out(out, settings, resume=False, overwrite=False)
     convert._check_out(out, {"source": "d"})
 
 

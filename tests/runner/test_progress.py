@@ -8,7 +8,7 @@ import pytest
 
 from conftest import Terminal
 from specshim.runner.progress import Progress
-from specshim.runner.train import ProgressBar, TokenCounter
+from specshim.runner.train.metrics import ProgressBar, TokenCounter
 
 
 def test_hidden_progress_still_counts_tokens() -> None:

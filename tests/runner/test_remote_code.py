@@ -16,8 +16,9 @@ import pytest
 
 from conftest import SPECULATORS, carrying_own_code, speculators_path
 from specshim import cli
-from specshim.runner import files, remote_code, train, vocab
+from specshim.runner import files, remote_code, vocab
 from specshim.runner.extraction import options
+from specshim.runner.train.options import check_verifier
 
 torch = pytest.importorskip("torch")
 
@@ -52,7 +53,7 @@ def test_a_model_only_its_own_code_reads_is_one_line_from_each_command(
         code = cli.main(argv)
         assert (code, capsys.readouterr().err) == (1, f"specshim {argv[0]}: {refusal(model)}\n")
     with pytest.raises(remote_code.RemoteCodeRefused) as refused:
-        train.check_verifier(str(model), trust_remote_code=False)
+        check_verifier(str(model), trust_remote_code=False)
     assert str(refused.value) == refusal(model)
     assert not marker.exists(), "the model's own code ran"
     assert not out.exists()
@@ -65,7 +66,7 @@ def test_a_model_transformers_knows_is_read_without_its_own_code(four_layers, tm
     size = json.loads((model / "config.json").read_text())["vocab_size"]
     assert options.model_config(str(model)).num_hidden_layers == 4
     assert vocab.target_vocab_size(model) == size
-    train.check_verifier(str(model), trust_remote_code=False)
+    check_verifier(str(model), trust_remote_code=False)
     assert len(remote_code.tokenizer(str(model), trust=False)) == size
     assert not marker.exists(), "the model's own code ran"
     config = options.model_config(str(model), trust_remote_code=True)

@@ -136,23 +136,23 @@ def test_every_option_has_help_and_shows_its_default(name) -> None:
 def test_a_damaged_run_file_is_one_line_naming_it(tmp_path, text, expected) -> None:
     """train_log.json / train_settings.json as a resume reads them (before: a bare
     JSONDecodeError, or an AttributeError traceback for a list)."""
-    from specshim.runner import train
+    from specshim.runner.train.out import run_file
 
     path = tmp_path / "train_settings.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=f"^{path} {expected}"):
-        train.run_file(path)
+        run_file(path)
 
 
 def test_overwrite_after_an_overwrite_that_was_killed(tmp_path) -> None:
     """A kill during --overwrite leaves .overwritten/ holding a run's folders; a later run
     made checkpoints/ again; the next --overwrite must not trip over the leftover."""
-    from specshim.runner import train
+    from specshim.runner.train.out import TRASH, remove_run
 
     out = tmp_path / "out"
-    (out / train.TRASH / "checkpoints" / "0").mkdir(parents=True)
+    (out / TRASH / "checkpoints" / "0").mkdir(parents=True)
     (out / "checkpoints" / "0").mkdir(parents=True)
-    train.remove_run(out)
+    remove_run(out)
     assert list(out.iterdir()) == []
 
 

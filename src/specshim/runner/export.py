@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specshim.runner import files, train
+from specshim.runner import files
 from specshim.runner.layer_ids import ascending, vllm_ids
+from specshim.runner.train import checkpoints, options
 
 #: Tensors of speculators' checkpoint that vLLM's Eagle3LlamaForCausalLM has no place for.
 NOT_SERVED = ("verifier_lm_head.", "verifier_norm.", "t2d")
@@ -39,9 +40,9 @@ def generator_layer_ids(data: Path) -> list[int]:
 def serving_layer_ids(generator_ids: list[int], shift: int = 1) -> list[int]:
     """vLLM's aux layer ids for a draft trained on ``generator_ids`` (``shift=0``: the naive
     copy that reads one layer early, kept for comparisons)."""
-    if len(generator_ids) != train.AUX_LAYERS + 1:
+    if len(generator_ids) != options.AUX_LAYERS + 1:
         raise ValueError(
-            f"expected {train.AUX_LAYERS} auxiliary layer ids plus the target layer, "
+            f"expected {options.AUX_LAYERS} auxiliary layer ids plus the target layer, "
             f"got {generator_ids}"
         )
     return vllm_ids(generator_ids[:-1], shift)
@@ -50,7 +51,7 @@ def serving_layer_ids(generator_ids: list[int], shift: int = 1) -> list[int]:
 def latest_checkpoint(draft: Path) -> Path:
     """The newest complete epoch checkpoint under ``draft/checkpoints``;
     ``FileNotFoundError`` naming the folder when there is none."""
-    complete = [d for d in train.epochs(draft / "checkpoints") if train.is_complete(d)]
+    complete = [d for d in checkpoints.epochs(draft / "checkpoints") if checkpoints.is_complete(d)]
     if not complete:
         raise FileNotFoundError(f"no complete checkpoint under {draft / 'checkpoints'}")
     return complete[-1]
