@@ -524,6 +524,9 @@ def _add_triage(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _eval(args: argparse.Namespace) -> int:
+    """Export (a training folder) and evaluate the draft. A training ``--draft`` is held alone
+    for the whole run, as ``train`` holds it: eval writes ``served/`` there, and two evals of
+    one draft would write the same one; an exported draft, only read, is held shared."""
     from specshim.runner import evaluate, export, library_log
     from specshim.testbed import learnable
 
@@ -534,8 +537,16 @@ def _eval(args: argparse.Namespace) -> int:
             parser().error("eval of a training folder needs --data (its extraction folder)")
         served = draft / ("served" if args.layer_shift == 1 else f"served-shift-{args.layer_shift}")
     out = args.out or served.parent / f"eval-{served.name}"  # one a draft: see --help
-    with out_lock.held(out, "eval"), library_log.kept(out, args.verbose):
+    # a training folder is written (served/): held alone for the whole run, as train holds it
+    drafts = (
+        contextlib.nullcontext()
+        if draft.resolve() == out.resolve()
+        else out_lock.held(draft, "eval", "--draft", shared=not training)
+    )
+    with drafts, out_lock.held(out, "eval"), library_log.kept(out, args.verbose):
+        evaluate.check(out, args.overwrite)
         if training:
+            export.check(served, "--draft", args.overwrite)
             export.export(draft, args.data, served, shift=args.layer_shift)
         prompts = (
             [line for line in args.prompts.read_text().splitlines() if line.strip()]
@@ -594,7 +605,8 @@ def _add_eval(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     command.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace files in --out that specshim did not write (else the run stops first)",
+        help="replace files in --out and served/ that specshim did not write (else the run "
+        "stops first)",
     )
     _add_trust_remote_code(command)
     _add_verbose(command, "OUT")

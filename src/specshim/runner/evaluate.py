@@ -8,8 +8,9 @@ two must agree token for token; acceptance comes from vLLM's own metrics
 so are vLLM's engine settings.
 
 Its files (:data:`WRITES`) go into a folder of their own, recorded in :data:`LEDGER` as each
-is written; a rerun replaces those still as written, and a file of the same name that it did
-not write (another tool's, or one changed since) only with ``overwrite``.
+is written (and claimed there before, so that one a kill left unrecorded is still its own); a
+rerun replaces those still as written, and a file of the same name that it did not write
+(another tool's, or one changed since) only with ``overwrite``.
 """
 
 from __future__ import annotations
@@ -185,10 +186,11 @@ def evaluate(
     if not prompts:
         raise ValueError("specshim eval needs at least one prompt")
     remote_code.config(verifier, trust_remote_code)
+    check(workdir, overwrite)
     ledger = files.Ledger(workdir / LEDGER)
-    if not overwrite and (foreign := not_written_here(workdir, ledger)):
-        raise ValueError(files.refusal("--out", workdir, foreign))
     workdir.mkdir(parents=True, exist_ok=True)
+    for name in WRITES:
+        ledger.claim(name, draft)
     prompt_file = workdir / "prompts.json"
     files.save_json(prompt_file, list(prompts))
     ledger.record(prompt_file, draft)
@@ -221,16 +223,17 @@ def evaluate(
     return result
 
 
+def check(workdir: Path, overwrite: bool) -> None:
+    """Refuse, in one line and before anything is written, files in ``workdir`` (``--out``)
+    that an evaluation did not write (:func:`not_written_here`), unless ``overwrite``."""
+    if not overwrite and (foreign := not_written_here(workdir, files.Ledger(workdir / LEDGER))):
+        raise ValueError(files.refusal("--out", workdir, foreign))
+
+
 def not_written_here(workdir: Path, ledger: files.Ledger) -> list[str]:
     """The files of :data:`WRITES` in ``workdir`` that are not as an evaluation wrote them
-    there (the very file ``ledger`` records)."""
-    recorded = ledger.entries()
-    return [
-        name
-        for name in WRITES
-        if (workdir / name).exists()
-        and not (name in recorded and recorded[name].still_there(workdir))
-    ]
+    there (the very file ``ledger`` records, or one it claimed and a kill left unrecorded)."""
+    return ledger.not_written(WRITES)
 
 
 def main() -> None:

@@ -9,7 +9,9 @@ projection fails).
 
 The export writes the ids from the extraction's ``data_config.json`` (its last id is the
 training target, not an input), records both conventions under ``specshim`` in the config, and
-keeps only the tensors vLLM's draft model loads.
+keeps only the tensors vLLM's draft model loads. Its files (:data:`WRITES`) are recorded in
+:data:`LEDGER` (claimed there before), so that a re-export replaces only its own: a file there
+that it did not write (the user's, or one changed since) only with ``overwrite``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from specshim.runner.train import checkpoints, options
 
 #: Tensors of speculators' checkpoint that vLLM's Eagle3LlamaForCausalLM has no place for.
 NOT_SERVED = ("verifier_lm_head.", "verifier_norm.", "t2d")
+#: What :func:`export` writes into its folder.
+WRITES = ("model.safetensors", "config.json")
+#: The record of the files it wrote there (:class:`files.Ledger`).
+LEDGER = "specshim_export_done.jsonl"
 
 
 def generator_layer_ids(data: Path) -> list[int]:
@@ -57,8 +63,16 @@ def latest_checkpoint(draft: Path) -> Path:
     return complete[-1]
 
 
+def check(out: Path, option: str, overwrite: bool) -> None:
+    """Refuse, in one line and before anything is written, files of :data:`WRITES` in ``out``
+    (named as ``option``) that an export did not write there, unless ``overwrite``."""
+    if not overwrite and (foreign := files.Ledger(out / LEDGER).not_written(WRITES)):
+        raise ValueError(files.refusal(option, out, foreign))
+
+
 def export(draft: Path, data: Path, out: Path, shift: int = 1) -> Path:
-    """Write ``out``: the latest complete checkpoint of ``draft``, loadable by vLLM."""
+    """Write ``out``: the latest complete checkpoint of ``draft``, loadable by vLLM (files of
+    another there: see :func:`check`, which the caller runs first)."""
     from safetensors.torch import load_file, save
 
     checkpoint = latest_checkpoint(draft)
@@ -77,8 +91,13 @@ def export(draft: Path, data: Path, out: Path, shift: int = 1) -> Path:
     tensors = load_file(str(checkpoint / "model.safetensors"))
     served = {k: v for k, v in tensors.items() if not k.startswith(NOT_SERVED)}
     out.mkdir(parents=True, exist_ok=True)
+    ledger = files.Ledger(out / LEDGER)
+    for name in WRITES:
+        ledger.claim(name, str(checkpoint))
     files.write_atomic(
         out / "model.safetensors", lambda f: f.write(save(served, metadata={"format": "pt"}))
     )
     files.save_json(out / "config.json", config)
+    for name in WRITES:
+        ledger.record(out / name, str(checkpoint))
     return out

@@ -149,6 +149,10 @@ def remove_partials(directory: Path) -> int:
     return len(stale)
 
 
+#: The size and time of a claim's entry (:meth:`Ledger.claim`), which no file has.
+CLAIM = -1
+
+
 @dataclass(frozen=True)
 class Entry:
     """One finished file: its name, the caller's fingerprint of what it was written from, and
@@ -187,6 +191,12 @@ class Entry:
         except OSError:
             return False
         return (stat.st_size, stat.st_mtime_ns) == (self.size, self.mtime_ns)
+
+    @property
+    def claimed(self) -> bool:
+        """A claim (:meth:`Ledger.claim`): the file was about to be written, and no recording
+        of it came after (killed in between); whatever bears its name is the run's."""
+        return self.size == CLAIM
 
 
 #: Bytes kept allocated past the ledger's end, so that its lines still fit once the samples'
@@ -248,6 +258,19 @@ class Ledger:
                 found[entry.file] = entry
         return found
 
+    def not_written(self, names: Iterable[str]) -> list[str]:
+        """The files of ``names`` beside the ledger that are not as it records them written
+        there (the very file, or one it claimed and a kill left unrecorded)."""
+        folder, recorded = self.path.parent, self.entries()
+        return [
+            name
+            for name in names
+            if (folder / name).exists()
+            and not (
+                name in recorded and (recorded[name].claimed or recorded[name].still_there(folder))
+            )
+        ]
+
     def keep(self, entries: Iterable[Entry]) -> None:
         """Replace the log, atomically, by ``entries``."""
         data = "".join(json.dumps(asdict(e)) + "\n" for e in entries).encode()
@@ -259,10 +282,18 @@ class Ledger:
 
         write_atomic(self.path, write)
 
+    def claim(self, name: str, fingerprint: str) -> None:
+        """Append a claim on the file ``name`` before it is written (by another process, whose
+        end a kill may part from its recording): until recorded, it is the run's
+        (:attr:`Entry.claimed`)."""
+        self._append(Entry(name, fingerprint, CLAIM, CLAIM))
+
     def record(self, path: Path, fingerprint: str) -> None:
         """Append the entry for ``path``, just written whole from what ``fingerprint`` names."""
         stat = path.stat()
-        entry = Entry(path.name, fingerprint, stat.st_size, stat.st_mtime_ns)
+        self._append(Entry(path.name, fingerprint, stat.st_size, stat.st_mtime_ns))
+
+    def _append(self, entry: Entry) -> None:
         line = json.dumps(asdict(entry)) + "\n"
         with self._appending:  # _torn too: another thread's append may just have torn
             try:
