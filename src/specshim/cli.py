@@ -536,7 +536,8 @@ def _eval(args: argparse.Namespace) -> int:
         if args.data is None:
             parser().error("eval of a training folder needs --data (its extraction folder)")
         served = draft / ("served" if args.layer_shift == 1 else f"served-shift-{args.layer_shift}")
-    out = args.out or served.parent / f"eval-{served.name}"  # one a draft: see --help
+    named = served.resolve()  # `--draft .` is named by the folder it is, not ""
+    out = args.out or named.parent / f"eval-{named.name}"  # one a draft: see --help
     # a training folder is written (served/): held alone for the whole run, as train holds it
     drafts = (
         contextlib.nullcontext()

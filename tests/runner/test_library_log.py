@@ -21,10 +21,10 @@ from specshim.runner import library_log
 def test_a_failed_command_names_the_log_even_with_quiet(tmp_path, capsys, monkeypatch) -> None:
     """A library's record and a warning go to the file, not stderr; the command's failure
     ends with the file's name, as a warning: ``--quiet`` keeps it."""
-    (tmp_path / "data_0.pt").write_text("what the command wrote before it failed")
     monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
     monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
     with pytest.raises(RuntimeError), library_log.kept(tmp_path) as log:
+        (tmp_path / "data_0.pt").write_text("what the command wrote before it failed")
         logging.getLogger("somelib").warning("the reason it failed")
         warnings.warn("an old call", FutureWarning, stacklevel=1)
         told = json.loads(Path(os.environ["VLLM_LOGGING_CONFIG_PATH"]).read_text())
@@ -86,3 +86,92 @@ def test_verbose_shows_them_live_too(tmp_path, capsys, monkeypatch) -> None:
     assert "WARNING somelib: a note" in log.read_text()
     assert "WARNING somelib: a note" in capsys.readouterr().err
     assert told["loggers"]["vllm"]["handlers"] == ["file", "stderr"]
+
+
+@pytest.mark.usefixtures("quiet")
+def test_a_refused_command_leaves_a_folder_of_the_users_as_it_was(tmp_path, capsys) -> None:
+    """The user's own file beside it does not make the log of a refused command one to keep:
+    the folder is left as it was, the log's last lines shown."""
+    (tmp_path / "notes.txt").write_text("the user's")
+    with pytest.raises(ValueError), library_log.kept(tmp_path) as log:
+        logging.getLogger("somelib").warning("no network")
+        raise ValueError("--model m: not found")
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"] and not log.exists()
+    assert "WARNING somelib: no network" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("quiet")
+def test_a_failed_command_that_changed_a_file_there_keeps_the_log(tmp_path, capsys) -> None:
+    (tmp_path / "data_0.pt").write_text("an earlier run's")
+    with pytest.raises(RuntimeError), library_log.kept(tmp_path) as log:
+        logging.getLogger("somelib").warning("why it stopped")
+        (tmp_path / "data_0.pt").write_text("written again, then the command failed")
+        raise RuntimeError("vLLM stopped")
+    assert "why it stopped" in log.read_text()
+    assert (
+        capsys.readouterr().err == f"specshim: what vLLM and the other libraries said is in {log}\n"
+    )
+
+
+def _folder(log: Path) -> None:
+    log.mkdir()
+
+
+def _link(log: Path) -> None:
+    (log.parent / "elsewhere.txt").write_text("not specshim's")
+    log.symlink_to("elsewhere.txt")
+
+
+def _pipe(log: Path) -> None:
+    os.mkfifo(log)  # opened for writing, it waits for a reader: the command would hang
+
+
+def _read_only(log: Path) -> None:
+    log.write_text("an earlier run's\n")
+    log.chmod(0o444)
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (_folder, "is a folder, not specshim's log: move it away, and run again"),
+        (_link, "is a symbolic link, not specshim's log: remove it, and run again"),
+        (_pipe, "cannot be written (No such device or address): make it writable or remove it"),
+        pytest.param(
+            _read_only,
+            "cannot be written (Permission denied): make it writable or remove it",
+            marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only file"),
+        ),
+    ],
+)
+def test_a_log_that_cannot_be_appended_to_is_refused_up_front(tmp_path, make, said) -> None:
+    """One line naming it (the command shows a ``ValueError`` as its one line), before the
+    command runs: not a library's call failing with a traceback, not a link's target written."""
+    log = tmp_path / library_log.FILE
+    make(log)
+    with pytest.raises(ValueError) as refused, library_log.kept(tmp_path):
+        pass
+    assert str(refused.value).startswith(f"{log} {said}")
+    if log.is_symlink():
+        assert (tmp_path / "elsewhere.txt").read_text() == "not specshim's"
+
+
+def test_the_log_is_made_as_any_new_file_and_goes_when_nothing_was_said(tmp_path) -> None:
+    """Made up front to check it can be written, with the umask's permissions; removed again
+    when this run wrote nothing into it."""
+    old = os.umask(0o027)
+    try:
+        with library_log.kept(tmp_path) as log:
+            mode = log.stat().st_mode & 0o777
+    finally:
+        os.umask(old)
+    assert mode == 0o640 and not log.exists()
+
+
+def test_the_log_is_no_file_of_the_folder_for_convert(tmp_path) -> None:
+    """A refused command's log left by an earlier version, or by a run killed: ``convert``
+    still takes the folder as new (one rule, :func:`specshim.runner.out_lock.contents`)."""
+    from specshim.runner import convert
+
+    (tmp_path / library_log.FILE).write_text("x")
+    convert._check_out(tmp_path, {"source": "d"})

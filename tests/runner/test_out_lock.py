@@ -210,6 +210,26 @@ def test_evals_of_sibling_drafts_each_get_a_folder_of_their_own(tmp_path: Path) 
     assert not (drafts / "eval-b").exists()  # refused (no verifier v): nothing left behind
 
 
+@pytest.mark.parametrize(("draft", "cwd"), [(".", "a"), ("..", "a/prompts")])
+def test_eval_of_a_draft_given_as_dot_or_dot_dot_is_named_by_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    draft: str, cwd: str,
+) -> None:  # fmt: skip
+    """``--draft .`` from inside the draft ``a`` (or ``..`` from below it) writes eval-a
+    beside it, as ``--draft a`` does: not ``eval-`` inside the draft, nor ``eval-..``."""
+    from specshim import cli
+
+    (tmp_path / cwd).mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / cwd)
+    process = hold(tmp_path / "eval-a")
+    try:
+        code = cli.main(["eval", "--verifier", "v", "--draft", draft])
+    finally:
+        process.kill()
+        process.wait()
+    assert code == 2 and f"--out {tmp_path / 'eval-a'} is in use" in capsys.readouterr().err
+
+
 def unwritable_lock_file(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``folder``'s lock file as another user's run leaves it: read-only to this user
     (chmod 0444). Root passes over permissions: there, opening it to write is refused by a

@@ -18,6 +18,7 @@ what a worker process of vLLM says before vLLM sets up its log there).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -129,14 +130,18 @@ def kept(folder: Path, verbose: bool = False) -> Iterator[Path]:
     stderr too when ``verbose``. At the end one line says where the log is (at INFO; as a
     warning when the command failed, for the user to read why); nothing where this run wrote
     nothing there (an earlier run's log is appended to, not replaced). A command that failed
-    before writing anything else there shows the log's last lines instead and removes it: a
-    refused command leaves nothing behind."""
+    having changed nothing else there shows the log's last lines instead and removes it: a
+    refused command leaves nothing behind. A log that cannot be appended to (a folder, a
+    symbolic link, not writable, a named pipe) is ``ValueError``, one line, before the command
+    starts."""
     log = folder / FILE
     if folder.exists() and not folder.is_dir():  # the command refuses it with its own line
         yield log
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    before = log.stat().st_size if log.is_file() else 0
+    new = not log.exists() and not log.is_symlink()
+    _open(log)
+    before = log.stat().st_size
+    found = _state(folder)
     handlers = _handlers(log, verbose)
     root = logging.getLogger()
     saved = list(root.handlers)
@@ -153,15 +158,41 @@ def kept(folder: Path, verbose: bool = False) -> Iterator[Path]:
         for handler in handlers:
             handler.close()
         if log.is_file() and log.stat().st_size > before:
-            _tell(log, failed, new=not before)
+            _tell(log, failed, alone=new and _state(folder) == found)
+        elif new:  # nothing said: the file made up front goes
+            log.unlink(missing_ok=True)
 
 
-def _tell(log: Path, failed: bool, new: bool) -> None:
-    """Say where ``log`` is, or (a failed command that wrote nothing else beside it, ``new``:
-    the log too is this command's) its last lines, removing it."""
+def _open(log: Path) -> None:
+    """Make ``log`` (and its folder) if need be, as any new file (0666 less the umask), or
+    check an earlier one can be appended to; never through a symbolic link, whose target is
+    not specshim's to write. ``ValueError``, one line naming ``log``, where it cannot."""
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        os.close(os.open(log, flags, 0o666))  # non-blocking: a named pipe would wait for a reader
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            what = "is a symbolic link, not specshim's log: remove it"
+        elif exc.errno == errno.EISDIR:
+            what = "is a folder, not specshim's log: move it away"
+        else:
+            what = f"cannot be written ({exc.strerror}): make it writable or remove it"
+        raise ValueError(f"{log} {what}, and run again") from None
+
+
+def _state(folder: Path) -> dict[str, tuple[int, int]]:
+    """What ``folder`` holds besides the lock and the log (:func:`out_lock.contents`): each
+    entry's name, size and modification time, to tell whether a command changed any."""
+    return {p.name: (p.lstat().st_size, p.lstat().st_mtime_ns) for p in out_lock.contents(folder)}
+
+
+def _tell(log: Path, failed: bool, alone: bool) -> None:
+    """Say where ``log`` is, or (a failed command that changed nothing else beside it,
+    ``alone``, and the log too is this command's) its last lines, removing it."""
     if not failed:
         console.LOGGER.info("what vLLM and the other libraries said is in %s", log)
-    elif new and not out_lock.contents(log.parent):
+    elif alone:
         last = log.read_text(errors="replace").splitlines()[-LAST_LINES:]
         log.unlink()
         console.LOGGER.warning("what the libraries said last:\n  %s", "\n  ".join(last))
