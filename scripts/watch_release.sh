@@ -142,7 +142,7 @@ for spec in "${SPECS[@]}"; do
     echo "  triage did not finish ($log): $(tail -1 "$log")" >>"$HUMAN"
     continue
   fi
-  # the moved-fact sections that are not empty, adapters out of force (specshim.engine's
+  # the moved-fact sections that are not empty, adapters out of force (specshim.applier's
   # BROKEN states), a generator that failed to import
   awk '
     /^moved facts (no adapter covers|whose adapter did not decide[^:]*): [1-9]/ { show = 1 }

@@ -1,7 +1,7 @@
-"""Fake adapters over a fake module, for testing the engine's rules without vLLM.
+"""Fake adapters over a fake module, for testing the applier's rules without vLLM.
 
 Named fake on purpose: the real adapters are exercised against the real vLLM in
-``test_engine_real.py`` and ``e2e/``.
+``test_applier_real.py`` and ``e2e/``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import specshim
-from specshim import engine
+from specshim import applier
 from specshim.adapters.model import Adapter, Patch, Probe, UnknownShape, needed
 
 FAKE = "specshim_fake_target"
@@ -57,6 +57,6 @@ def fake_module() -> Iterator[types.ModuleType]:
 
 
 def use(monkeypatch: pytest.MonkeyPatch, *adapters: Adapter) -> None:
-    """``specshim.apply()`` and friends drive an engine of ``adapters`` (every distribution
+    """``specshim.apply()`` and friends drive an applier of ``adapters`` (every distribution
     taken as installed) for the rest of the test."""
-    monkeypatch.setattr(engine, "default", engine.Engine(adapters, installed=lambda root: True))
+    monkeypatch.setattr(applier, "default", applier.Applier(adapters, installed=lambda root: True))

@@ -3,7 +3,7 @@
 from importlib.metadata import entry_points
 
 from fakes import fake_adapter, original, use
-from specshim import engine
+from specshim import applier
 
 
 def test_entry_point_is_discoverable() -> None:
@@ -15,11 +15,11 @@ def test_plugin_is_a_no_op_without_a_recorded_selection(monkeypatch, fake_module
     from specshim import plugin
 
     use(monkeypatch, fake_adapter("a"))
-    monkeypatch.delenv(engine.APPLY_ENV, raising=False)
+    monkeypatch.delenv(applier.APPLY_ENV, raising=False)
     plugin.register()
     plugin.register()
     assert fake_module.a is original
-    monkeypatch.setenv(engine.APPLY_ENV, '{"only": null, "exclude": [], "strict": false}')
+    monkeypatch.setenv(applier.APPLY_ENV, '{"only": null, "exclude": [], "strict": false}')
     plugin.register()
     plugin.register()  # vLLM may load plugins more than once per process
     assert fake_module.a == "patched by a"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_matrix import FAKE_H200, X86
 
-from specshim import engine, hardware, matrix, versions
+from specshim import applier, hardware, matrix, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 jsonschema = pytest.importorskip("jsonschema")
@@ -32,7 +32,7 @@ def report(
     *args: str, speculators: str | None = None, fake_h200: bool = False
 ) -> subprocess.CompletedProcess:
     env = {**os.environ}
-    env.pop(engine.APPLY_ENV, None)
+    env.pop(applier.APPLY_ENV, None)
     if speculators:
         env["PYTHONPATH"] = str(ROOT / ".spec" / speculators)
     command = ["-c", ON_A_FAKE_H200] if fake_h200 else ["-m", "specshim.cli", "report"]
@@ -375,7 +375,7 @@ def test_report_imports_no_heavy_package_where_nothing_is_probed(speculators, ar
     """Without speculators' generator to probe (none installed, or --no-import), the report
     reads versions from metadata and vLLM's facts from its files: vLLM, torch, transformers
     are never imported (each costs seconds)."""
-    env = {k: v for k, v in os.environ.items() if k not in (engine.APPLY_ENV, "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k not in (applier.APPLY_ENV, "PYTHONPATH")}
     if speculators:
         from conftest import speculators_path
 
@@ -449,11 +449,11 @@ def test_the_first_step_answers_the_most_pressing_finding(differs: dict, first: 
     ]
     adapters = fine.adapters.adapters
     if differs.get("broken"):
-        adapters = (dataclasses.replace(adapters[0], state=engine.State.FAILED), *adapters[1:])
+        adapters = (dataclasses.replace(adapters[0], state=applier.State.FAILED), *adapters[1:])
     case = dataclasses.replace(
         fine,
         installed=installed,
-        adapters=engine.Report(tuple(adapters)),
+        adapters=applier.Report(tuple(adapters)),
         import_error=differs.get("import_error"),
         verdict=differs.get("verdict", matrix.Verdict("tested-pass", "x", (_row("training"),))),
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import speculators_path
-from specshim import engine
+from specshim import applier
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -59,7 +59,7 @@ def run(code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     """``code`` (Python) in a fresh process that sees speculators 0.3.0 and this folder."""
     path = os.pathsep.join([str(TESTS), str(speculators_path("0.3.0"))])
     environ = {**os.environ, "PYTHONPATH": path, **env}
-    environ.pop(engine.APPLY_ENV, None)
+    environ.pop(applier.APPLY_ENV, None)
     command = [sys.executable, "-c", code, *args]
     return subprocess.run(command, env=environ, capture_output=True, text=True, timeout=900)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from setuptools import find_namespace_packages
 
-from specshim import contracts, engine, hardware, matrix, versions
+from specshim import applier, contracts, hardware, matrix, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def installed(wheel: Path) -> Path:
 def as_a_user(command: str, *args: str, bin_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
     """``specshim COMMAND ARGS`` of the installed wheel, run in ``cwd``, with speculators 0.3.0
     installed and no specshim selection or matrix override inherited from the tests."""
-    env = {k: v for k, v in os.environ.items() if k not in (engine.APPLY_ENV, "SPECSHIM_MATRIX")}
+    env = {k: v for k, v in os.environ.items() if k not in (applier.APPLY_ENV, "SPECSHIM_MATRIX")}
     env["PYTHONPATH"] = str(ROOT / ".spec" / "0.3.0")
     command_line = [str(bin_dir / "specshim"), command, *args]
     return subprocess.run(

@@ -6,7 +6,7 @@
     specshim.revert()              # put every original back
 
 Importing this package imports neither torch, vLLM, transformers nor speculators, and not even
-the adapter registry: the engine loads on the first call, so `import specshim` costs about as
+the adapter registry: the applier loads on the first call, so `import specshim` costs about as
 much as importing a small stdlib module.
 """
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    from specshim.engine import AdapterError, Report, State
+    from specshim.applier import AdapterError, Report, State
 
 __all__ = ["AdapterError", "Report", "State", "__version__", "apply", "revert", "status"]
 
@@ -28,33 +28,33 @@ def apply(
     exclude: str | Iterable[str] | None = None,
     strict: bool | None = None,
 ) -> Report:
-    """Apply every needed adapter, all-or-nothing (see :func:`specshim.engine.apply`)."""
-    from specshim import engine
+    """Apply every needed adapter, all-or-nothing (see :func:`specshim.applier.apply`)."""
+    from specshim import applier
 
-    return engine.apply(only=only, exclude=exclude, strict=strict)
+    return applier.apply(only=only, exclude=exclude, strict=strict)
 
 
 def revert() -> Report:
     """Undo every applied patch, the commands' own (:mod:`specshim.patches`) first, then the
     adapters', restoring each original object by identity."""
-    from specshim import engine, patches
+    from specshim import applier, patches
 
     patches.revert()
-    return engine.revert()
+    return applier.revert()
 
 
 def status() -> Report:
     """The current state of every adapter, without changing anything."""
-    from specshim import engine
+    from specshim import applier
 
-    return engine.status()
+    return applier.status()
 
 
 def __getattr__(name: str) -> Any:
     if name in ("AdapterError", "Report", "State"):
-        from specshim import engine
+        from specshim import applier
 
-        return getattr(engine, name)
+        return getattr(applier, name)
     if name == "__version__":  # the installed distribution's, so there is one source of truth
         from importlib import metadata
 

@@ -11,6 +11,6 @@ from __future__ import annotations
 
 def register() -> None:
     """vLLM's ``general_plugins`` entry point: re-apply the parent's selection in this process."""
-    from specshim.engine import apply_from_environment
+    from specshim.applier import apply_from_environment
 
     apply_from_environment()

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specshim import engine, hardware, matrix, patches, versions
+from specshim import applier, hardware, matrix, patches, versions
 from specshim.adapters import kit, registry
 from specshim.adapters.targets import GENERATOR, WORKER
 
@@ -253,7 +253,7 @@ class FullReport:
 
     installed: list[versions.Installed]
     accelerator: hardware.Accelerator
-    adapters: engine.Report
+    adapters: applier.Report
     import_error: str | None
     verdict: matrix.Verdict
     native: NativePath
@@ -428,13 +428,13 @@ def build(probe_imports: bool = True) -> FullReport:
     every adapter's state, then revert what this call applied: the report of this installation.
     """
     installed = versions.all_installed()
-    already_applied = bool(engine.status().applied)
+    already_applied = bool(applier.status().applied)
     with _third_parties_quiet():
-        engine.apply()
+        applier.apply()
         import_error = _import_consumers() if probe_imports else None
-    adapters = engine.status()
+    adapters = applier.status()
     if not already_applied:
-        engine.revert()
+        applier.revert()
     # after the probes: naming a GPU initialises CUDA, which they must not find done
     accelerator = hardware.detect()
     vllm = next(i for i in installed if i.name == "vllm")

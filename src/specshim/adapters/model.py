@@ -1,8 +1,9 @@
 """What an adapter is: one upstream change, a probe that reads the installed code, and patches.
 
 An adapter never patches anything itself. Its ``patches()`` returns :class:`Patch` records and
-the engine applies and reverts them, so every adapter gets the same all-or-nothing and
-identity-restoring behaviour for free. The helpers for writing adapters are in :mod:`kit`.
+the applier (:mod:`specshim.applier`) applies and reverts them, so every adapter gets the same
+all-or-nothing and identity-restoring behaviour for free. The helpers for writing adapters are
+in :mod:`kit`.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def not_applicable(reason: str) -> Probe:
 class UnknownShape(Exception):
     """The installed code has a shape no adapter was written for.
 
-    Raised by probes and patches; the engine adds the adapter's name, so the message
+    Raised by probes and patches; the applier adds the adapter's name, so the message
     reads "adapter X expected ... but found ...".
     """
 
@@ -205,9 +206,9 @@ class LeftOut:
 class Adapter:
     """One upstream change and how to bridge it.
 
-    ``waits_for`` lists modules that must be imported before the probe may run; the engine
+    ``waits_for`` lists modules that must be imported before the probe may run; the applier
     defers the adapter with a post-import hook until they are. ``requires`` names adapters
-    that must be applied first (the engine adds them to the selection).
+    that must be applied first (the applier adds them to the selection).
 
     Each adapter says how this project shows it is needed: ``left_out``, what the generator
     does without it in the leave-one-out suites (:class:`LeftOut`, from which those suites

@@ -1,8 +1,8 @@
-"""The patch engine's contract, on fake adapters over a fake module.
+"""The applier's contract, on fake adapters over a fake module.
 
-These adapters are fakes (``fake_*``) because the engine's rules (rollback, deferral,
-strictness, idempotence, threads) are about the engine, not about vLLM; the same rules are
-checked against the real adapters and the real vLLM in ``test_engine_real.py``.
+These adapters are fakes (``fake_*``) because the applier's rules (rollback, deferral,
+strictness, idempotence, threads) are about the applier, not about vLLM; the same rules are
+checked against the real adapters and the real vLLM in ``test_applier_real.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 import specshim
 from fakes import fake_adapter, original, use
-from specshim import engine
+from specshim import applier
 from specshim.adapters.model import not_needed
 
 
@@ -51,7 +51,7 @@ def test_failed_adapter_rolls_back_the_others_and_is_named(monkeypatch, fake_mod
 
 def test_unknown_shape_warns_or_raises_in_strict_mode(monkeypatch, fake_module) -> None:
     use(monkeypatch, fake_adapter("a"), fake_adapter("b", shape=True))
-    with pytest.warns(engine.ShapeWarning, match="adapter 'b' expected a function named original"):
+    with pytest.warns(applier.ShapeWarning, match="adapter 'b' expected a function named original"):
         report = specshim.apply()
     assert report["b"].state is specshim.State.UNKNOWN_SHAPE and fake_module.a != original
     assert not report.ok and [a.name for a in report.broken] == ["b"]
@@ -85,7 +85,7 @@ def test_strict_takes_the_usual_spellings(monkeypatch, fake_module, value, stric
         with pytest.raises(specshim.AdapterError, match="expected a function named original"):
             specshim.apply()
     else:
-        with pytest.warns(engine.ShapeWarning):
+        with pytest.warns(applier.ShapeWarning):
             specshim.apply()
 
 
@@ -160,7 +160,7 @@ def test_a_failure_inside_an_import_hook_warns_and_leaves_the_original(
     use(monkeypatch, fake_adapter("broken", waits=name, fail=True))
     try:
         assert specshim.apply(strict=False)["broken"].state is specshim.State.WAITING
-        with pytest.warns(engine.HookWarning, match="adapter 'broken' failed to apply"):
+        with pytest.warns(applier.HookWarning, match="adapter 'broken' failed to apply"):
             import specshim_fake_failing_later  # noqa: F401  (the import fires the hook)
         assert sys.modules[name].broken() == "original"
         assert specshim.status()["broken"].state is specshim.State.FAILED
@@ -185,11 +185,11 @@ def test_concurrent_apply_patches_once(monkeypatch, fake_module) -> None:
 def test_apply_records_the_selection_for_child_processes(monkeypatch, fake_module) -> None:
     use(monkeypatch, fake_adapter("a"), fake_adapter("b"))
     specshim.apply(exclude=["b"])
-    recorded = engine.os.environ[engine.APPLY_ENV]
+    recorded = applier.os.environ[applier.APPLY_ENV]
     specshim.revert()
-    assert engine.APPLY_ENV not in engine.os.environ
-    monkeypatch.setenv(engine.APPLY_ENV, recorded)
-    report = engine.apply_from_environment()
+    assert applier.APPLY_ENV not in applier.os.environ
+    monkeypatch.setenv(applier.APPLY_ENV, recorded)
+    report = applier.apply_from_environment()
     assert report is not None and report.applied == ("a",)
 
 
@@ -236,7 +236,7 @@ def test_a_narrower_selection_reverts_what_it_leaves_out(monkeypatch, fake_modul
     assert report.changed and report.applied == ("a", "c")
     assert fake_module.b is original and fake_module.a == "patched by a"
     assert report["b"].state is specshim.State.DISABLED
-    assert engine.json.loads(engine.os.environ[engine.APPLY_ENV])["exclude"] == ["b"]
+    assert applier.json.loads(applier.os.environ[applier.APPLY_ENV])["exclude"] == ["b"]
     assert specshim.apply(only=["c"]).applied == ("c",) and fake_module.a is original
 
 
@@ -248,4 +248,4 @@ def test_a_failed_apply_still_records_its_selection(monkeypatch, fake_module) ->
     with pytest.raises(specshim.AdapterError, match="adapter 'c' failed to apply"):
         specshim.apply(exclude=["b"])
     assert fake_module.b is original and fake_module.a is original
-    assert engine.json.loads(engine.os.environ[engine.APPLY_ENV])["exclude"] == ["b"]
+    assert applier.json.loads(applier.os.environ[applier.APPLY_ENV])["exclude"] == ["b"]

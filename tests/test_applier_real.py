@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import specshim
 from conftest import speculators_path
-from specshim import engine
+from specshim import applier
 from specshim.adapters import registry
 from specshim.adapters.executor.extraction_executor import installed_executor_class
 from specshim.adapters.targets import GENERATOR, WORKER
@@ -100,7 +100,7 @@ def test_excluding_an_applied_adapter_takes_its_patch_off(consumers) -> None:
         report = specshim.apply(exclude=["rpc_reply_shape"])
         assert "rpc_reply_shape" not in report.applied and "kv_cache_config" in report.applied
         assert "collective_rpc" not in vars(installed_executor_class())
-        assert json.loads(os.environ[engine.APPLY_ENV])["exclude"] == ["rpc_reply_shape"]
+        assert json.loads(os.environ[applier.APPLY_ENV])["exclude"] == ["rpc_reply_shape"]
     finally:
         specshim.revert()
     after = snapshot(consumers)

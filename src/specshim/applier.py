@@ -1,4 +1,7 @@
-"""The patch engine: probe each adapter, apply the needed ones all-or-nothing, revert exactly.
+"""The applier: probe each adapter, apply the needed ones all-or-nothing, revert exactly.
+
+(Not vLLM's engine, which ``specshim extract --backend engine`` names: this module applies
+specshim's adapters to vLLM and speculators.)
 
 Adapters whose modules are not imported yet wait on a ``wrapt`` post-import hook and are
 applied, as a group and again all-or-nothing, the moment their last module finishes
@@ -191,12 +194,12 @@ def _ready(adapter: Adapter, just_loaded: str | None = None) -> bool:
     return all(_imported(m, just_loaded) for m in adapter.waits_for)
 
 
-class Engine:
+class Applier:
     """A set of adapters and what applying them did: which are in force (with their patches),
     each one's outcome, which wait for a module to be imported, strict or not.
 
     :func:`apply`, :func:`revert` and :func:`status` (``specshim.apply()`` and friends) act on
-    :data:`default`, the engine of every adapter in the registry. Another engine is made the
+    :data:`default`, the applier of every adapter in the registry. Another applier is made the
     same way over other adapters (the tests' fakes) and can stand in for it; its state is an
     object to query, as pluggy's ``PluginManager`` is, not a module's globals. ``installed``
     says whether a distribution's top-level package can be imported."""
@@ -487,8 +490,8 @@ class Engine:
         return Report(adapters=tuple(statuses), changed=changed)
 
 
-#: The engine of every adapter in the registry: what ``specshim.apply()`` drives.
-default = Engine(registry.ADAPTERS)
+#: The applier of every adapter in the registry: what ``specshim.apply()`` drives.
+default = Applier(registry.ADAPTERS)
 
 
 def apply(
@@ -497,17 +500,17 @@ def apply(
     exclude: str | Iterable[str] | None = None,
     strict: bool | None = None,
 ) -> Report:
-    """:meth:`Engine.apply` on :data:`default`."""
+    """:meth:`Applier.apply` on :data:`default`."""
     return default.apply(only=only, exclude=exclude, strict=strict)
 
 
 def revert() -> Report:
-    """:meth:`Engine.revert` on :data:`default`."""
+    """:meth:`Applier.revert` on :data:`default`."""
     return default.revert()
 
 
 def status() -> Report:
-    """:meth:`Engine.status` on :data:`default`."""
+    """:meth:`Applier.status` on :data:`default`."""
     return default.status()
 
 
