@@ -2,7 +2,7 @@
 logger ``specshim`` (``logging``), and an error from elsewhere (vLLM, torch, datasets) is quoted
 in one line.
 
-stdout belongs to the commands' results (``cli.py`` and the built-in demo,
+stdout belongs to the commands' results (``specshim.cli`` and the built-in demo,
 ``runner/pipeline.py``). Everything else is a ``logging`` record of ``specshim`` or a logger
 under it, so that a program using specshim silences, filters or redirects it as it does any
 library's; the command line (:func:`configure`) writes them to stderr as ``specshim: text``.

@@ -1,0 +1,5 @@
+"""``python -m specshim.cli``: the ``specshim`` command."""
+
+from specshim.cli import run
+
+run()
