@@ -405,6 +405,19 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
     print("RESULT", json.dumps(result), flush=True)
 
 
+def where_measured() -> dict[str, str]:
+    """The device, vLLM release and day of this run, for the plot's title."""
+    import datetime
+
+    import torch
+
+    from specshim import versions
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    vllm = versions.vllm().version or "?"
+    return {"device": device, "vllm": vllm, "date": datetime.date.today().isoformat()}
+
+
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run of median rate (the lower of the middle two where their number is even)."""
     rate = statistics.median_low(run["tokens_per_second"] for run in runs)
@@ -518,6 +531,7 @@ def main() -> None:
                 mode: [run["tokens_per_second"] for run in found] for mode, found in runs.items()
             },
             "args": vars(args) | {"work": str(work)},
+            "where": where_measured(),
         },
     )
 

@@ -73,6 +73,25 @@ def output_panel(ax: plt.Axes, table: dict) -> None:
     ax.legend(fontsize=7)
 
 
+def gpu_extraction_panel(ax: plt.Axes, data: dict) -> None:
+    """Each path of benchmarks/gpu_extraction.py against vLLM's prefill in the same run."""
+    rates = data["rates"]
+    paths = [p for p in rates if p != "vllm_prefill"]
+    ax.bar(paths, [rates[p] / rates["vllm_prefill"] for p in paths])
+    ax.axhline(1.0, color="black", linewidth=1, label="vLLM's prefill")
+    ax.axhline(0.9, color="grey", linestyle="--", linewidth=1, label="goal 0.9")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_ylabel("tokens/s vs vLLM prefill")
+    where, args = data.get("where", {}), data["args"]
+    ax.set_title(
+        f"Extraction on {where.get('device', 'a GPU')}, vLLM {where.get('vllm', '?')}\n"
+        f"{args.get('architecture', 'llama')} {args['layers']} x {args['hidden']}, "
+        f"{args['prompts']} x {args['length']} tokens ({where.get('date', '?')})",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7)
+
+
 def main() -> None:
     panels = [
         (name, draw, data)
@@ -80,6 +99,7 @@ def main() -> None:
             ("extraction", extraction_panel),
             ("scaling", scaling_panel),
             ("output", output_panel),
+            ("gpu_extraction", gpu_extraction_panel),
         )
         if (data := load(name)) is not None
     ]
