@@ -175,3 +175,29 @@ def test_the_log_is_no_file_of_the_folder_for_convert(tmp_path) -> None:
 
     (tmp_path / library_log.FILE).write_text("x")
     convert._check_out(tmp_path, {"source": "d"})
+
+
+@pytest.mark.parametrize("configured_by", ["specshim", "vllm"])
+def test_a_full_disk_under_the_log_is_no_traceback(configured_by, capsys) -> None:
+    """/dev/full answers every write with ENOSPC, as a full disk does: a record and the
+    handler's close neither raise nor print logging's "--- Logging error ---" traceback (the
+    command's own line says the disk is full), in specshim's handler and in the one vLLM's
+    processes build from :func:`library_log.vllm_config`."""
+    import logging.config
+
+    full = Path("/dev/full")
+    if configured_by == "specshim":
+        handler = library_log._handlers(full, verbose=False)[0]
+    else:
+        config = library_log.vllm_config(full, verbose=False)
+        config["loggers"] = {}
+        logging.config.dictConfig(config)
+        handler = logging._handlers["file"]  # type: ignore[attr-defined]
+    logger = logging.getLogger("specshim-test-full-disk")
+    logger.addHandler(handler)
+    try:
+        logger.warning("a line the disk has no room for")
+    finally:
+        logger.removeHandler(handler)
+    handler.close()
+    assert "Logging error" not in capsys.readouterr().err

@@ -41,10 +41,32 @@ FORMAT = "%(asctime)s pid=%(process)d %(levelname)s %(name)s: %(message)s"
 VLLM_SETTINGS = ("VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_CONFIG_PATH")
 
 
+class LogFile(logging.FileHandler):
+    """``logging.FileHandler`` for the libraries' log, which a full or failing disk never turns
+    into a traceback or the command's error: the log is a by-product, and the command's own
+    one line says what went wrong (a full disk among it). vLLM's processes use it too
+    (:func:`vllm_config`)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """logging's report of a failed write, left out where the disk failed it."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handleError(record)
+
+    def flush(self) -> None:
+        """As logging's, with a failing disk left to the command to name."""
+        with contextlib.suppress(OSError):
+            super().flush()
+
+    def close(self) -> None:
+        """As logging's, with a failing disk left to the command to name."""
+        with contextlib.suppress(OSError):
+            super().close()
+
+
 def _handlers(log: Path, verbose: bool) -> list[logging.Handler]:
     """A handler appending to ``log`` (opened at the first record), and one on stderr when
     ``verbose``, both writing :data:`FORMAT`."""
-    handlers: list[logging.Handler] = [logging.FileHandler(log, delay=True, encoding="utf-8")]
+    handlers: list[logging.Handler] = [LogFile(log, delay=True, encoding="utf-8")]
     if verbose:
         handlers.append(logging.StreamHandler(sys.stderr))
     for handler in handlers:
@@ -56,7 +78,7 @@ def vllm_config(log: Path, verbose: bool) -> dict[str, Any]:
     """The ``logging`` configuration vLLM applies in each of its processes: its logger's
     records appended to ``log`` (and on stderr when ``verbose``), at ``VLLM_LOGGING_LEVEL``."""
     handlers: dict[str, Any] = {
-        "file": {"class": "logging.FileHandler", "filename": str(log), "delay": True,
+        "file": {"class": f"{__name__}.LogFile", "filename": str(log), "delay": True,
                  "encoding": "utf-8", "formatter": "line"},
     }  # fmt: skip
     if verbose:
