@@ -13,7 +13,9 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -77,6 +79,8 @@ markers.OTHER_ENVIRONMENTS.update(
 )
 
 
+TESTS_CACHE_PREFIX = "specshim-tests-cache-"
+
 #: vLLM's CPU cores for this pytest-xdist worker's engines (see pytest_configure), or None.
 WORKER_CORES: str | None = None
 
@@ -88,6 +92,8 @@ def pytest_configure(config: pytest.Config) -> None:
     other (docs/results/test_durations_2026-12-07.txt)."""
     global WORKER_CORES
     worker = getattr(config, "workerinput", None)
+    if worker is None:  # the tests' own cache folder: no report reuses a developer's probes
+        os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix=TESTS_CACHE_PREFIX)
     if worker is None or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return
     cores, count = sorted(os.sched_getaffinity(0)), int(worker["workercount"])
@@ -98,6 +104,12 @@ def pytest_configure(config: pytest.Config) -> None:
     mine = cores[index * per : (index + 1) * per]
     WORKER_CORES = f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0])
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = WORKER_CORES
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if getattr(config, "workerinput", None) is None and TESTS_CACHE_PREFIX in cache:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_matrix import FAKE_H200, X86
 
-from specshim import applier, hardware, matrix, versions
+from specshim import applier, hardware, matrix, probe_cache, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 jsonschema = pytest.importorskip("jsonschema")
@@ -453,8 +453,7 @@ def test_the_first_step_answers_the_most_pressing_finding(differs: dict, first: 
     case = dataclasses.replace(
         fine,
         installed=installed,
-        adapters=applier.Report(tuple(adapters)),
-        import_error=differs.get("import_error"),
+        probed=probe_cache.Probed(applier.Report(tuple(adapters)), differs.get("import_error")),
         verdict=differs.get("verdict", matrix.Verdict("tested-pass", "x", (_row("training"),))),
     )
     assert case.first_step().startswith(first)

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import CodeType, ModuleType
+from typing import Any
 
 from specshim.adapters import registry
 from specshim.adapters.model import Adapter, Decision, Patch, Probe, UnknownShape
@@ -101,6 +102,11 @@ class AdapterStatus:
             "remove_when": self.remove_when,
             "targets": list(self.targets),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AdapterStatus:
+        """The status :meth:`to_dict` wrote."""
+        return cls(**{**data, "state": State(data["state"]), "targets": tuple(data["targets"])})
 
 
 @dataclass(frozen=True)

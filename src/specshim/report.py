@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import datetime
 import importlib
 import importlib.util
 import logging
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specshim import applier, hardware, matrix, patches, versions
+from specshim import applier, hardware, matrix, patches, probe_cache, versions
 from specshim.adapters import kit, registry
 from specshim.adapters.targets import GENERATOR, WORKER
 
@@ -119,11 +120,12 @@ def choose_backend(engine_unfit: str | None = None) -> BackendChoice:
     installed = versions.all_installed()
     vllm = next(i for i in installed if i.name == "vllm")
     accelerator = hardware.detect()
+    rows = _matrix_rows()
     return backend_for(
-        _verdict(installed, accelerator),
+        _verdict(rows, installed, accelerator),
         vllm.version,
         native_path(vllm, accelerator).available,
-        _verdict(installed, accelerator, "engine"),
+        _verdict(rows, installed, accelerator, "engine"),
         engine_unfit,
         accelerator.kind != "cpu",
     )
@@ -253,14 +255,23 @@ class FullReport:
 
     installed: list[versions.Installed]
     accelerator: hardware.Accelerator
-    adapters: applier.Report
-    import_error: str | None
+    probed: probe_cache.Probed
     verdict: matrix.Verdict
     native: NativePath
     #: the matrix's rows of ``specshim extract --backend native`` for this installation
     native_verdict: matrix.Verdict
     #: the matrix's rows of ``specshim extract --backend engine`` for this installation
     engine_verdict: matrix.Verdict
+
+    @property
+    def adapters(self) -> applier.Report:
+        """Every adapter's state, as the probes found it."""
+        return self.probed.adapters
+
+    @property
+    def import_error(self) -> str | None:
+        """Why speculators' generator did not import here, if it did not."""
+        return self.probed.import_error
 
     @property
     def exit_code(self) -> int:
@@ -277,6 +288,7 @@ class FullReport:
             "accelerator": self.accelerator.to_dict(),
             "adapters": self.adapters.to_dict()["adapters"],
             "import_error": self.import_error,
+            "probes": {"at": _moment(self.probed.at), "kept": self.probed.kept},
             "verdict": self.verdict.to_dict(),
             "native_path": {**self.native.to_dict(), "verdict": self.native_verdict.to_dict()},
             "engine_backend": {"verdict": self.engine_verdict.to_dict()},
@@ -335,6 +347,12 @@ class FullReport:
         states = Counter(a.state.value for a in self.adapters.adapters)
         counted = ", ".join(f"{n} {state}" for state, n in states.items())
         lines += _wrapped(f"adapters: {counted}" + (":" if verbose else " (--verbose lists them)"))
+        if self.probed.kept:
+            lines += _wrapped(
+                f"  as probed at {_moment(self.probed.at)}: nothing they import has changed "
+                "since (--fresh probes again)",
+                indent=4,
+            )
         if verbose:
             width = max(len(a.name) for a in self.adapters.adapters)
             for a in self.adapters.adapters:
@@ -354,6 +372,11 @@ class FullReport:
             f"engine backend in the matrix: {engine_rows.status}: {engine_rows.detail}"
         )
         return "\n".join(lines)
+
+
+def _moment(at: float) -> str:
+    """``at`` (seconds since the epoch) in UTC, to the second."""
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _wrapped(text: str, indent: int = 2) -> list[str]:
@@ -405,46 +428,65 @@ def _import_consumers() -> str | None:
     return error
 
 
+def _matrix_rows() -> list[matrix.Row] | FileNotFoundError:
+    """The matrix's rows, read once for every verdict of a report, or why there are none."""
+    try:
+        return matrix.load()
+    except FileNotFoundError as exc:
+        return exc
+
+
 def _verdict(
+    rows: list[matrix.Row] | FileNotFoundError,
     installed: list[versions.Installed],
     accelerator: hardware.Accelerator,
     backend: str = "generator",
 ) -> matrix.Verdict:
     """The matrix's verdict for these versions on this accelerator, by ``backend``'s rows."""
+    if isinstance(rows, FileNotFoundError):
+        return matrix.Verdict("untested", f"no compatibility matrix: {rows}")
     by_name = {i.name: i for i in installed}
     vllm = by_name["vllm"]
-    try:
-        rows = matrix.load()
-    except FileNotFoundError as exc:
-        return matrix.Verdict("untested", f"no compatibility matrix: {exc}")
     speculators = by_name["speculators"].version
     return matrix.verdict(
         rows, vllm.version, speculators, vllm.distribution, matrix.where(accelerator), backend
     )
 
 
-def build(probe_imports: bool = True) -> FullReport:
+def _probe(probe_imports: bool, reuse: bool) -> probe_cache.Probed:
     """Apply specshim, import what the adapters wait for (unless not ``probe_imports``), read
-    every adapter's state, then revert what this call applied: the report of this installation.
-    """
-    installed = versions.all_installed()
+    every adapter's state, then revert what this call applied. With ``reuse``, an outcome kept
+    for this unchanged installation stands in, and a new healthy one is kept."""
     already_applied = bool(applier.status().applied)
+    shelf = probe_cache.Shelf() if reuse and probe_imports and not already_applied else None
+    if shelf and (kept := shelf.load()) is not None:
+        return kept
     with _third_parties_quiet():
         applier.apply()
         import_error = _import_consumers() if probe_imports else None
-    adapters = applier.status()
+    probed = probe_cache.Probed(applier.status(), import_error)
+    if shelf:
+        shelf.save(probed)
     if not already_applied:
         applier.revert()
+    return probed
+
+
+def build(probe_imports: bool = True, reuse: bool = False) -> FullReport:
+    """The report of this installation: its versions, accelerator, adapters (see
+    :func:`_probe` for ``probe_imports`` and ``reuse``) and the matrix's verdicts."""
+    installed = versions.all_installed()
+    probed = _probe(probe_imports, reuse)
     # after the probes: naming a GPU initialises CUDA, which they must not find done
     accelerator = hardware.detect()
     vllm = next(i for i in installed if i.name == "vllm")
+    rows = _matrix_rows()
     return FullReport(
         installed,
         accelerator,
-        adapters,
-        import_error,
-        _verdict(installed, accelerator),
+        probed,
+        _verdict(rows, installed, accelerator),
         native_path(vllm, accelerator),
-        _verdict(installed, accelerator, "native"),
-        _verdict(installed, accelerator, "engine"),
+        _verdict(rows, installed, accelerator, "native"),
+        _verdict(rows, installed, accelerator, "engine"),
     )

@@ -17,7 +17,7 @@ SNAPSHOTS_IN_CHECKOUT = Path("src/specshim/data/contracts")
 def _report(args: argparse.Namespace) -> int:
     from specshim import report
 
-    full = report.build(probe_imports=not args.no_import)
+    full = report.build(probe_imports=not args.no_import, reuse=not args.fresh)
     print(json.dumps(full.to_dict(), indent=2) if args.json else full.to_text(args.verbose))
     return full.exit_code
 
@@ -41,6 +41,11 @@ def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--no-import",
         action="store_true",
         help="do not import speculators' generator (adapters that wait for it stay waiting)",
+    )
+    command.add_argument(
+        "--fresh",
+        action="store_true",
+        help="probe again even if nothing the last report imported has changed",
     )
     command.set_defaults(handler=_report)
 

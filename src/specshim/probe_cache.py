@@ -1,0 +1,140 @@
+"""The outcome of ``specshim report``'s probes, kept while the installation stays the same.
+
+Probing imports speculators' generator and every module an adapter waits for (vLLM,
+transformers, torch): seconds each time, for an answer that depends only on the code those
+imports ran and the settings they read. A healthy outcome (the generator imports, no patch
+broken) is kept in the user's cache with a fingerprint of both: the size and time of every
+imported file, the time of every folder they sit in and of every ``sys.path`` entry, the
+interpreter, and every ``VLLM_*`` / ``SPECSHIM_*`` setting. It is reused while the fingerprint
+holds, so any install, upgrade or edit makes the next report probe again. A broken outcome is
+never kept: that is the installation a user is changing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import platformdirs
+
+from specshim import applier
+
+#: the setting prefixes a probe's outcome may depend on
+SETTING_PREFIXES = ("VLLM_", "SPECSHIM_")
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What the probes found: every adapter's state, and the generator's import error."""
+
+    adapters: applier.Report
+    import_error: str | None
+    #: when the probes ran, as ``time.time()``; earlier than now when reused
+    at: float = field(default_factory=time.time)
+    #: whether this outcome was kept from an earlier report rather than probed now
+    kept: bool = False
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the outcome may be kept: the generator imported and no patch is broken."""
+        return self.import_error is None and self.adapters.ok
+
+
+def folder() -> Path:
+    """Where outcomes are kept: the user's cache folder (``$XDG_CACHE_HOME`` on Linux)."""
+    return Path(platformdirs.user_cache_dir("specshim")) / "report"
+
+
+def _settings() -> dict[str, object]:
+    return {
+        "format": FORMAT,
+        "interpreter": sys.executable,
+        "python": sys.version,
+        "path": list(sys.path),
+        "environment": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith(SETTING_PREFIXES)
+        },
+    }
+
+
+def _place(settings: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    return folder() / f"{digest[:24]}.json"
+
+
+def _stamp(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size]
+
+
+def _imported_files() -> dict[str, list[int] | None]:
+    """Every imported module's file, the folders they sit in, and ``sys.path``'s entries, with
+    their stamps now (None for an entry that does not exist)."""
+    files = {
+        file
+        for module in list(sys.modules.values())
+        if isinstance(file := getattr(module, "__file__", None), str)
+    }
+    paths = files | {os.path.dirname(f) for f in files} | {p or os.getcwd() for p in sys.path}
+    return {path: _stamp(path) for path in sorted(paths)}
+
+
+class Shelf:
+    """Where the outcome for this interpreter and its settings is kept. Make it before
+    probing: probes add to ``sys.path`` and set ``SPECSHIM_APPLY``."""
+
+    def __init__(self) -> None:
+        self.settings = _settings()
+        self.place = _place(self.settings)
+
+    def load(self) -> Probed | None:
+        """The kept outcome, if every file and folder it was probed with is as it was; else
+        None (probe again)."""
+        try:
+            kept = json.loads(self.place.read_text())
+            if kept["settings"] != self.settings:
+                return None
+            if any(_stamp(path) != stamp for path, stamp in kept["files"].items()):
+                return None
+            statuses = tuple(applier.AdapterStatus.from_dict(a) for a in kept["adapters"])
+            return Probed(applier.Report(statuses), None, float(kept["at"]), kept=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # nothing kept, or kept by another specshim: probe again
+
+    def save(self, probed: Probed) -> None:
+        """Keep a healthy ``probed`` for the next report; call it in the process that probed,
+        right after, so that the fingerprint is of the code the probes met. Failing to write
+        (read-only home, full disk) only costs the next report its probes."""
+        if not probed.healthy:
+            return
+        entry = {
+            "settings": self.settings,
+            "at": probed.at,
+            "adapters": [a.to_dict() for a in probed.adapters.adapters],
+            "files": _imported_files(),
+        }
+        try:
+            self.place.parent.mkdir(parents=True, exist_ok=True)
+            out = tempfile.NamedTemporaryFile(  # noqa: SIM115 closed below
+                "w", dir=self.place.parent, suffix=".tmp", delete=False
+            )
+        except OSError:
+            return
+        try:
+            with out:
+                json.dump(entry, out)
+            os.replace(out.name, self.place)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(out.name)
