@@ -83,14 +83,16 @@ VLLM_LINE = re.compile(r"^(\(\S+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) \d\d-\d\
 
 
 def test_what_vllm_says_goes_to_the_log_file(extracted) -> None:
-    """What vLLM says while ``extract`` runs (its engine's and its worker's records) goes to
-    ``--out``/libraries.log, named in one line at the end; none of it reaches stderr, which
-    (not a terminal here) draws no progress bar either."""
+    """What vLLM says while ``extract`` runs (its engine's and its worker's records, and what
+    its worker process prints itself: the weight-loading bar, torch's C++ warnings) goes to
+    ``--out``/libraries.log, named in one line at the end; stderr holds specshim's lines only."""
     said = (extracted.parent / "extract.stderr").read_text()
     assert VLLM_LINE.search(said) is None, said[-3000:]
+    assert all(line.startswith("specshim: ") for line in said.splitlines()), said[-3000:]
     log = extracted / "libraries.log"
     assert VLLM_LINE.search(log.read_text()) is None  # one format in the file: specshim's
     assert " WARNING vllm." in log.read_text()
+    assert "Loading safetensors checkpoint shards" in log.read_text()  # printed by the worker
     assert "[extract]" not in said
     assert said.splitlines()[-1] == f"specshim: what vLLM and the other libraries said is in {log}"
 

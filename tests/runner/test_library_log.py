@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -201,3 +203,31 @@ def test_a_full_disk_under_the_log_is_no_traceback(configured_by, capsys) -> Non
         logger.removeHandler(handler)
     handler.close()
     assert "Logging error" not in capsys.readouterr().err
+
+
+DESCRIPTORS = """
+import os, subprocess, sys
+from pathlib import Path
+from specshim.runner import library_log
+with library_log.kept(Path(sys.argv[1])):
+    os.write(1, b"written to descriptor 1\\n")
+    os.write(2, b"written to descriptor 2\\n")
+    child = "import sys; print('a child on stdout'); print('a child on stderr', file=sys.stderr)"
+    subprocess.run([sys.executable, "-c", child], check=True)
+    print("the command's result")
+    print("specshim's own line", file=sys.stderr)
+print("after")
+"""
+
+
+def test_what_is_written_to_the_descriptors_goes_to_the_log(tmp_path) -> None:
+    """What a library or a started process writes to descriptors 1 and 2 itself lands in the
+    log; this process's ``sys.stdout`` and ``sys.stderr`` stay on the terminal, as after."""
+    done = subprocess.run(
+        [sys.executable, "-c", DESCRIPTORS, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("the command's result\nafter\n", "specshim's own line\n")
+    log = (tmp_path / library_log.FILE).read_text()
+    for line in ("descriptor 1", "descriptor 2", "a child on stdout", "a child on stderr"):
+        assert line in log

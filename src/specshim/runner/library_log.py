@@ -9,10 +9,11 @@ worker processes, which read it as they start, write there too (a user's own
 what other libraries log (speculators, vLLM before it configures itself) reaches the file
 through the root logger, Python warnings through ``logging.captureWarnings``, loguru's records
 (speculators' model loading) through a sink; transformers' progress bars are off unless
-``verbose``. Still on the terminal: what transformers and the hub log through their own
-handlers, and what a process writes to its file descriptors itself, which only a redirection of
-the descriptors would catch (torch's C++ warnings, the progress bar of vLLM's weight loading,
-what a worker process of vLLM says before vLLM sets up its log there).
+``verbose``. What is written to the file descriptors 1 and 2 themselves goes there too (torch's
+C++ warnings, the progress bar of vLLM's weight loading, everything vLLM's worker processes,
+which inherit the descriptors, print before vLLM sets up their log), while ``sys.stdout`` and
+``sys.stderr`` of this process, the command's result and specshim's own lines, stay where they
+were. Still on the terminal: what transformers and the hub log through their own handlers.
 """
 
 from __future__ import annotations
@@ -128,6 +129,52 @@ def _settings(log: Path, verbose: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _descriptors_to(log: Path) -> Iterator[None]:
+    """Inside, file descriptors 1 and 2 append to ``log``, so that what libraries and the
+    processes started meanwhile write there themselves lands in the log; ``sys.stdout`` and
+    ``sys.stderr``, where they write to those descriptors, move to copies of them as they were,
+    and everything is as it was after. Streams that are not those descriptors (a test's
+    capture) stay as they are."""
+    streams = ("stdout", "stderr")
+    moved: dict[str, Any] = {}
+    saved: dict[int, int] = {}
+    target = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        for fd, name in enumerate(streams, start=1):
+            stream = getattr(sys, name)
+            stream.flush()
+            saved[fd] = os.dup(fd)
+            if _descriptor(stream) == fd:
+                moved[name] = stream
+                copy = open(  # noqa: SIM115 closed below
+                    os.dup(saved[fd]), "w", encoding=stream.encoding, errors=stream.errors,
+                    buffering=1,
+                )  # fmt: skip
+                setattr(sys, name, copy)
+            os.dup2(target, fd)
+        yield
+    finally:
+        for fd, name in enumerate(streams, start=1):
+            with contextlib.suppress(OSError):
+                getattr(sys, name).flush()
+            if name in moved:
+                getattr(sys, name).close()
+                setattr(sys, name, moved[name])
+            if fd in saved:
+                os.dup2(saved[fd], fd)
+                os.close(saved[fd])
+        os.close(target)
+
+
+def _descriptor(stream: Any) -> int | None:
+    """The file descriptor ``stream`` writes to, or None (an in-memory stream)."""
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
 def _loguru_to(handlers: list[logging.Handler]) -> Iterator[None]:
     """Inside, loguru's records (where loguru is installed) go to ``handlers`` instead of its
     default sink on stderr, which is back after."""
@@ -171,7 +218,8 @@ def kept(folder: Path, verbose: bool = False) -> Iterator[Path]:
     logging.captureWarnings(True)
     failed = True
     try:
-        with _settings(log, verbose), _loguru_to(handlers):
+        descriptors = contextlib.nullcontext() if verbose else _descriptors_to(log)
+        with _settings(log, verbose), _loguru_to(handlers), descriptors:
             yield log
         failed = False
     finally:
