@@ -140,18 +140,30 @@ READERS = {
     "train": ["train", "--data", "{}", "--verifier", "v", "--out", "{out}"],
     "convert": ["convert", "--data", "{}", "--out", "{out}"],
 }
+#: ... and those reading it beside another input (``{other}``): (arguments, the option).
+MORE_READERS = {
+    **{command: (arguments, "--data") for command, arguments in READERS.items()},
+    "train --vocab": (
+        ["train", "--data", "{other}", "--vocab", "{}", "--verifier", "v", "--out", "{out}"],
+        "--vocab",
+    ),
+    "eval": (["eval", "--verifier", "v", "--draft", "{other}", "--data", "{}", "--out", "{out}"],
+             "--data"),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("command", READERS)
-def test_reading_data_an_extraction_is_writing_stops_at_once(holder, tmp_path, command) -> None:
-    """``extract --out D`` running: ``train --data D`` (or ``convert``) is one line and exit 2
-    before it reads D, and leaves no --out behind."""
+@pytest.mark.parametrize("reader", MORE_READERS)
+def test_reading_data_an_extraction_is_writing_stops_at_once(holder, tmp_path, reader) -> None:
+    """``extract --out D`` running: ``train --data D`` (or ``--vocab D``, ``convert``, ``eval
+    --data D``) is one line and exit 2 before it reads D, and leaves no --out behind."""
     process, data = holder
-    out = tmp_path / "new"
-    result = specshim(*[{"{}": str(data), "{out}": str(out)}.get(a, a) for a in READERS[command]])
+    out, (arguments, option) = tmp_path / "new", MORE_READERS[reader]
+    given = {"{}": str(data), "{out}": str(out), "{other}": str(tmp_path / "other")}
+    result = specshim(*[given.get(a, a) for a in arguments])
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    command = arguments[0]
     assert result.stderr.startswith(
-        f"specshim {command}: --data {data} is in use by specshim extract (pid {process.pid}, "
+        f"specshim {command}: {option} {data} is in use by specshim extract (pid {process.pid}, "
     ), result.stderr
     assert len(result.stderr.splitlines()) == 1 and not out.exists()
 

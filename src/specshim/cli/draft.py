@@ -112,7 +112,12 @@ def _eval(args: argparse.Namespace) -> int:
         if draft.resolve() == out.resolve()
         else out_lock.held(draft, "eval", "--draft", shared=not training)
     )
-    with drafts, out_lock.held(out, "eval"), library_log.kept(out, args.verbose):
+    reading = (  # the extraction the export reads, held for reading as train holds it
+        out_lock.held(args.data, "eval", "--data", shared=True)
+        if args.data is not None and args.data.resolve() not in (draft.resolve(), out.resolve())
+        else contextlib.nullcontext()
+    )
+    with drafts, reading, out_lock.held(out, "eval"), library_log.kept(out, args.verbose):
         evaluate.check(out, args.overwrite)
         if training:
             export.check(served, "--draft", args.overwrite)

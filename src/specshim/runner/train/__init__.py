@@ -21,6 +21,7 @@ resume of a run already trained to the requested epochs changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import random
@@ -110,16 +111,20 @@ def train(
     """Train a draft into ``out`` (see the module's docstring for what ``out`` may hold).
 
     Every check (options, data, vocabulary, the verifier's config, ``out``) runs before
-    anything is loaded or written; a bad one raises ``ValueError`` with one line. ``data`` is
-    held for reading (:func:`out_lock.held`, shared) from before its check to the last step:
-    a command writing there meanwhile stops this one, or is stopped. The verifier's own code
+    anything is loaded or written; a bad one raises ``ValueError`` with one line. ``data`` (and
+    ``vocab``, where it is another folder) is held for reading (:func:`out_lock.held`, shared)
+    from before its check to the last step: a command writing there meanwhile stops this one,
+    or is stopped. The verifier's own code
     runs only with ``trust_remote_code``.
     """
     check_options(epochs, lr, max_len, num_layers, ttt_steps, dtype, device, resume, overwrite)
     if resolved(data) == resolved(out):
         raise ValueError(f"--out {out} is the --data folder: pick a folder of its own for the run")
-    with out_lock.held(data, "train", "--data", shared=True):
-        vocab = vocab or data
+    vocab = vocab or data
+    with contextlib.ExitStack() as reading:
+        reading.enter_context(out_lock.held(data, "train", "--data", shared=True))
+        if resolved(vocab) != resolved(data):
+            reading.enter_context(out_lock.held(vocab, "train", "--vocab", shared=True))
         check_inputs(data, vocab)
         check_verifier(verifier, trust_remote_code)
         settings = Settings(
