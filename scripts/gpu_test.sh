@@ -11,11 +11,9 @@
 #
 # STREAMS=N runs the selected tests in N pytest processes at once on the one GPU (dealt
 # round-robin; each stream's log is LOGS/stream_K.log), every generator asking for 0.8/N of
-# the device's memory (SPECSHIM_E2E_GPU_MEMORY, read by tests/e2e/driver.py). Engine start is
-# most of a test's minute, so three streams take about a third of the time. Leave the native
-# and engine backends' tests out of it (`-k "native or engine_backend"` with STREAMS=1): vLLM's
-# LLM asks for 0.8 of the device's memory, and refuses to start where other processes hold more
-# than 0.2 of it (seen on an 80 GB H100 with STREAMS=4).
+# the device's memory (SPECSHIM_E2E_GPU_MEMORY: read by tests/e2e/driver.py, and given to
+# `specshim extract --gpu-memory-utilization` by the backends' tests). Engine start is most of a
+# test's minute, so three streams take about a third of the time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${SPECSHIM_GPU_ROOT:-/root/g}

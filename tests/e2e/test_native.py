@@ -137,7 +137,7 @@ def test_native_backend_fails_on_the_cpu_without_the_connector_stand_in(
 #: announced and written by vLLM's worker; then a sample whose loss mask is one token short.
 #: Prints what the test compares as one JSON line.
 WORKER_AND_CALLER = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 import torch
 from specshim import hardware
@@ -149,7 +149,9 @@ from specshim.runner.in_worker.protocol import Expected
 model, work = sys.argv[1], Path(sys.argv[2])
 prompts = [[5 + i, 6, 7, 8, 9 + i] * (i + 1) for i in range(6)]
 masks = [[(i + j) % 2 for j in range(len(p))] for i, p in enumerate(prompts)]
-generator = native.NativeGenerator(model, [0, 1, 2, 3], 256, 1, work / "connector")
+share = os.environ.get("SPECSHIM_E2E_GPU_MEMORY")  # scripts/gpu_test.sh's streams: a share each
+steps = {"gpu_memory_utilization": float(share)} if share else None
+generator = native.NativeGenerator(model, [0, 1, 2, 3], 256, 1, work / "connector", steps)
 for i, (record, mask) in enumerate(zip(generator.generate(prompts), masks)):
     saved = dataset.record(record["input_ids"], record["hidden_states"], mask)
     torch.save(saved, work / f"caller_{i}.pt")

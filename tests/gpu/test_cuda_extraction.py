@@ -153,6 +153,8 @@ def gpu_extract(
     env.pop("SPECSHIM_APPLY", None)
     needs_runner(runner)
     env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+    if share := os.environ.get("SPECSHIM_E2E_GPU_MEMORY"):  # gpu_test.sh's streams: a share each
+        extra = ("--gpu-memory-utilization", share, *extra)
     cmd = [sys.executable, "-m", "specshim.cli", *extract_args(model, dataset, out), *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
