@@ -103,3 +103,21 @@ def test_an_unwritable_cache_costs_only_the_reuse(
     monkeypatch.setenv("XDG_CACHE_HOME", "/dev/null/not-a-folder")
     probe_cache.Shelf().save(_healthy())
     assert probe_cache.Shelf().load() is None
+
+
+def test_an_edited_file_a_probe_read_without_importing_makes_it_probe_again(
+    shelf_here: Path,
+) -> None:
+    """Some probes read a module's source without importing it (its imports are what broke):
+    that file is part of the fingerprint too."""
+    from specshim.adapters import kit
+
+    package = shelf_here.parent / "package_read_by_this_test"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "moved.py").write_text("def f(): ...\n")
+    assert kit.module_source("package_read_by_this_test.moved") == "def f(): ...\n"
+    probe_cache.Shelf().save(_healthy())
+    assert probe_cache.Shelf().load() is not None
+    (package / "moved.py").write_text("def f(renamed): ...\n")
+    assert probe_cache.Shelf().load() is None

@@ -2,12 +2,13 @@
 
 Probing imports speculators' generator and every module an adapter waits for (vLLM,
 transformers, torch): seconds each time, for an answer that depends only on the code those
-imports ran and the settings they read. A healthy outcome (the generator imports, no patch
-broken) is kept in the user's cache with a fingerprint of both: the size and time of every
-imported file, the time of every folder they sit in and of every ``sys.path`` entry, the
-interpreter, and every ``VLLM_*`` / ``SPECSHIM_*`` setting. It is reused while the fingerprint
-holds, so any install, upgrade or edit makes the next report probe again. A broken outcome is
-never kept: that is the installation a user is changing.
+imports ran, the files the probes read and the settings they saw. A healthy outcome (the
+generator imports, no patch broken) is kept in the user's cache with a fingerprint of all
+three: the size and time of every imported file and every file a probe read without importing
+it, the time of every folder they sit in and of every ``sys.path`` entry, the interpreter, and
+every ``VLLM_*`` / ``SPECSHIM_*`` setting. It is reused while the fingerprint holds, so any
+install, upgrade or edit makes the next report probe again. A broken outcome is never kept:
+that is the installation a user is changing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import platformdirs
 
 from specshim import applier
+from specshim.adapters import kit
 
 #: the setting prefixes a probe's outcome may depend on
 SETTING_PREFIXES = ("VLLM_", "SPECSHIM_")
@@ -79,13 +81,14 @@ def _stamp(path: str) -> list[int] | None:
 
 
 def _imported_files() -> dict[str, list[int] | None]:
-    """Every imported module's file, the folders they sit in, and ``sys.path``'s entries, with
-    their stamps now (None for an entry that does not exist)."""
+    """Every imported module's file and every file a probe read without importing it, the
+    folders they sit in, and ``sys.path``'s entries, with their stamps now (None for an entry
+    that does not exist)."""
     files = {
         file
         for module in list(sys.modules.values())
         if isinstance(file := getattr(module, "__file__", None), str)
-    }
+    } | {str(path) for path in kit.LOOKED_AT}
     paths = files | {os.path.dirname(f) for f in files} | {p or os.getcwd() for p in sys.path}
     return {path: _stamp(path) for path in sorted(paths)}
 

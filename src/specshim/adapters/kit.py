@@ -103,6 +103,11 @@ def with_keywords(
     return wrap(owner, name, call)
 
 
+#: The files and folders :func:`module_file` looked at: what a probe's outcome depends on
+#: besides the modules imported (``specshim report`` keeps an outcome while they stay the same).
+LOOKED_AT: set[Path] = set()
+
+
 def module_file(name: str) -> Path | None:
     """The source file of module ``name``, found on disk without importing anything, or None.
 
@@ -115,7 +120,9 @@ def module_file(name: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
-    return next((c for c in (path.with_suffix(".py"), path / "__init__.py") if c.is_file()), None)
+    found = next((c for c in (path.with_suffix(".py"), path / "__init__.py") if c.is_file()), None)
+    LOOKED_AT.update({path.parent, found} if found else {path.parent})
+    return found
 
 
 def module_source(name: str) -> str | None:
