@@ -414,6 +414,11 @@ def test_report_says_the_verdict_first_in_100_columns_without_third_party_noise(
         line.split()[:1] in [[n] for n in registry.names()] for line in brief.stdout.splitlines()
     )
     assert said(brief.stdout, "adapters").endswith("(--verbose lists them)")
+    again = report(speculators="0.4.0.1")  # the probes' outcome kept from the first
+    assert said(again.stdout, "probes").startswith("probes: as they ran at ")
+    lines = again.stdout.splitlines()
+    lines.remove(said(again.stdout, "probes"))  # one line: the rest is the first report's
+    assert lines == brief.stdout.splitlines()
 
 
 def _row(level: str, verdict: str = "pass") -> matrix.Row:

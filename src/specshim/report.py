@@ -349,9 +349,8 @@ class FullReport:
         lines += _wrapped(f"adapters: {counted}" + (":" if verbose else " (--verbose lists them)"))
         if self.probed.kept:
             lines += _wrapped(
-                f"  as probed at {_moment(self.probed.at)}: nothing they import has changed "
-                "since (--fresh probes again)",
-                indent=4,
+                f"probes: as they ran at {_moment(self.probed.at)}; nothing they read has "
+                "changed since (--fresh: rerun)"
             )
         if verbose:
             width = max(len(a.name) for a in self.adapters.adapters)

@@ -19,7 +19,10 @@ import pytest
 from specshim.runner import out_lock
 
 HOLD = (
-    "import sys, time\n"
+    "import signal, sys, time\n"
+    # Ctrl-C ends it even where the tests run in a shell's background, whose children inherit
+    # an ignored SIGINT
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "from pathlib import Path\n"
     "from specshim.runner import out_lock\n"
     "reads = sys.argv[2:] == ['--data']\n"
@@ -299,7 +302,7 @@ def test_a_writer_refused_by_readers_is_not_named_an_ended_reader(tmp_path: Path
     try:
         newest = hold(data, "--data")
         newest.send_signal(signal.SIGINT)  # ends; the first reads on
-        newest.wait()
+        newest.wait(timeout=60)
         assert f"(pid {newest.pid}," in (data / out_lock.LOCK_FILE).read_text()
         result = specshim(*[str(data) if a == "{}" else a for a in COMMANDS["extract"]])
     finally:
