@@ -23,8 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import platformdirs
-
 from specshim import applier
 from specshim.adapters import kit
 
@@ -51,8 +49,10 @@ class Probed:
 
 
 def folder() -> Path:
-    """Where outcomes are kept: the user's cache folder (``$XDG_CACHE_HOME`` on Linux)."""
-    return Path(platformdirs.user_cache_dir("specshim")) / "report"
+    """Where outcomes are kept: ``$XDG_CACHE_HOME/specshim/report``, by default under
+    ``~/.cache`` (where vLLM keeps its own cache too)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "specshim" / "report"
 
 
 def _settings() -> dict[str, object]:

@@ -143,6 +143,8 @@ import torch
 from specshim import hardware
 if not torch.cuda.is_available():
     hardware.configure_cpu()
+else:  # as specshim extract chooses on a GPU: CUDA is up here, a forked engine could not use it
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 from specshim.runner import dataset
 from specshim.runner.extraction.backends import native
 from specshim.runner.in_worker.protocol import Expected

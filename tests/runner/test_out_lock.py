@@ -311,3 +311,19 @@ def test_a_writer_refused_by_readers_is_not_named_an_ended_reader(tmp_path: Path
     assert result.returncode == 2, result.stderr
     assert f"--out {data} is in use by specshim readers (train or convert)" in result.stderr
     assert str(newest.pid) not in result.stderr
+
+
+def test_reading_a_folder_this_process_holds_needs_no_second_lock(tmp_path: Path) -> None:
+    """``specshim run`` holds its workdir and its train step reads the vocabulary there: a
+    shared hold inside this process's own hold is that hold; another process is still kept
+    out, and the folder is free once the outer hold ends."""
+    work = tmp_path / "work"
+    with out_lock.held(work, "run", "--workdir"):
+        with out_lock.held(work, "train", "--vocab", shared=True):
+            (work / "d2t.npy").write_bytes(b"x")
+        assert work.resolve() in out_lock.HELD_HERE  # the inner hold leaves the outer one
+        result = specshim(*[str(work) if a == "{}" else a for a in COMMANDS["vocab --out"]])
+        assert result.returncode == 2 and "in use by specshim run" in result.stderr
+    assert not out_lock.HELD_HERE
+    with out_lock.held(work, "vocab"):  # free again
+        pass

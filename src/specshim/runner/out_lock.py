@@ -34,6 +34,11 @@ def contents(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.name not in (LOCK_FILE, LIBRARIES_LOG))
 
 
+#: The folders this process holds now (resolved): reading one of them again (``specshim
+#: run``'s train reads the vocabulary in the folder the run holds) needs no lock of its own.
+HELD_HERE: set[Path] = set()
+
+
 class OutInUse(Exception):
     """Another command holds the folder; the message is the one line to show."""
 
@@ -110,15 +115,15 @@ def _last(fd: int) -> bool:
 def held(out: Path, command: str, option: str = "--out", *, shared: bool = False) -> Iterator[None]:
     """Inside, this process alone writes into ``out`` (created if need be; removed again on
     the way out if it was created here and is left empty); or, ``shared``, reads it beside
-    other readers while no command writes there (a folder that is missing, or that this user
-    cannot write into, is read unlocked: the command names the one, nothing of the user's
-    writes into the other). ``command`` (``"extract"``) and ``option`` name the holder and the
-    folder in the other run's message; a folder that is a file or cannot be written is
-    ``ValueError``, one line."""
+    other readers while no command writes there. A folder that is missing, or that this user
+    cannot write into, is read unlocked (the command names the one, nothing of the user's
+    writes into the other); one this process holds already is read under that hold.
+    ``command`` (``"extract"``) and ``option`` name the holder and the folder in the other
+    run's message; a folder that is a file or cannot be written is ``ValueError``, one line."""
     folder = f"{option} {out}"
     if out.exists() and not out.is_dir():
         raise ValueError(f"{folder} is a file (expected a folder)")
-    if shared and not os.access(out, os.W_OK | os.X_OK):
+    if shared and (not os.access(out, os.W_OK | os.X_OK) or out.resolve() in HELD_HERE):
         yield
         return
     created = not out.exists()
@@ -141,9 +146,14 @@ def held(out: Path, command: str, option: str = "--out", *, shared: bool = False
     with contextlib.suppress(OSError):  # the message only; a full disk still locks
         os.ftruncate(fd, 0)
         os.write(fd, f"specshim {command} (pid {os.getpid()}, since {since})\n".encode())
+    key = out.resolve()
+    outermost = key not in HELD_HERE
+    HELD_HERE.add(key)
     try:
         yield
     finally:
+        if outermost:
+            HELD_HERE.discard(key)
         if not shared or _last(fd):  # before the lock goes: see _open_locked
             (out / LOCK_FILE).unlink(missing_ok=True)
         os.close(fd)
