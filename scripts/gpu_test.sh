@@ -13,7 +13,9 @@
 # round-robin; each stream's log is LOGS/stream_K.log), every generator asking for 0.8/N of
 # the device's memory (SPECSHIM_E2E_GPU_MEMORY: read by tests/e2e/driver.py, and given to
 # `specshim extract --gpu-memory-utilization` by the backends' tests). Engine start is most of a
-# test's minute, so three streams take about a third of the time.
+# test's minute, so three streams take about a third of the time. vLLM's memory profiling stops an
+# engine whose free memory grew while it measured (another stream's engine ended meanwhile):
+# rerun a test that failed with "Error in memory profiling" alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${SPECSHIM_GPU_ROOT:-/root/g}

@@ -219,6 +219,8 @@ def test_every_shipped_row_names_its_accelerator_as_report_names_one() -> None:
     assert on_h100 == [
         "vllm 0.34.0 + speculators 0.4.0.1",
         "vllm 0.34.0 + speculators 0.3.0",
+        "vllm 0.34.0 + speculators 0.4.0.1 (engine backend)",
+        "vllm 0.34.0 + speculators 0.3.0 (engine backend)",
         "vllm 0.26.0 + speculators 0.4.0.1 (engine backend)",
         "vllm 0.34.0 + speculators 0.4.0.1 (native backend)",
         "vllm 0.34.0 + speculators 0.3.0 (native backend)",

@@ -283,18 +283,32 @@ def test_auto_backend_is_one_the_matrix_shows_extracting_here(
 
 
 def test_auto_on_a_gpu_without_engine_rows_says_the_engine_backend_is_untested_here() -> None:
-    """CUDA vLLM 0.34.0 on an H100 has generator rows only: auto takes the generator and says
+    """CUDA vLLM 0.23.0 on an H200 has generator rows only: auto takes the generator and says
     that the faster engine backend is untested on this combination, and how to run it."""
     from specshim import report as reports
 
     rows = matrix.load()
-    here = ("0.34.0", "0.4.0.1", "vllm", "NVIDIA H100 80GB HBM3, sm_90")
+    here = ("0.23.0", "0.4.0.1", "vllm", "NVIDIA H200, sm_90")
     verdict, engine = (matrix.verdict(rows, *here, backend) for backend in ("generator", "engine"))
-    choice = reports.backend_for(verdict, "0.34.0", True, engine, on_gpu=True)
+    choice = reports.backend_for(verdict, "0.23.0", True, engine, on_gpu=True)
     assert choice.backend == "generator"
     assert choice.reason.endswith("untested on this combination: `--backend engine` runs it)")
-    on_cpu = reports.backend_for(verdict, "0.34.0", True, engine, on_gpu=False)
+    on_cpu = reports.backend_for(verdict, "0.23.0", True, engine, on_gpu=False)
     assert "engine" not in on_cpu.reason
+
+
+@pytest.mark.parametrize("speculators", ["0.4.0.1", "0.3.0"])
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3, sm_90", "NVIDIA H200, sm_90"])
+def test_auto_takes_the_engine_backend_on_cuda_vllm_0_34_for_both_speculators(
+    speculators: str, gpu: str
+) -> None:
+    """The engine rows measured on the H100 speak for every sm_90 GPU, the H200 among them."""
+    from specshim import report as reports
+
+    rows = matrix.load()
+    here = ("0.34.0", speculators, "vllm", gpu)
+    verdict, engine = (matrix.verdict(rows, *here, backend) for backend in ("generator", "engine"))
+    assert reports.backend_for(verdict, "0.34.0", True, engine, on_gpu=True).backend == "engine"
 
 
 def test_auto_passes_over_the_engine_backend_where_the_run_cannot_take_it() -> None:
