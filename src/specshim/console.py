@@ -10,11 +10,14 @@ library's; the command line (:func:`configure`) writes them to stderr as ``specs
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
+from typing import TextIO
 
 #: specshim's own logger: every module's logger (``logging.getLogger(__name__)``) is under it.
 LOGGER = logging.getLogger("specshim")
@@ -32,12 +35,34 @@ PHASE = "phase "
 VALIDATION_HEAD = re.compile(r"\d+ validation errors? for \w+")
 
 
+#: Where :func:`terminal` points while :func:`speaking_to` is in force.
+_terminal: TextIO | None = None
+
+
+def terminal() -> TextIO:
+    """Where specshim's own lines and progress bars go: ``sys.stderr`` as it is now (a test's
+    capture too), or the terminal that :func:`speaking_to` named while a command sends every
+    other write to stderr into its log."""
+    return _terminal or sys.stderr
+
+
+@contextlib.contextmanager
+def speaking_to(stream: TextIO) -> Iterator[None]:
+    """Inside, :func:`terminal` is ``stream``."""
+    global _terminal
+    saved, _terminal = _terminal, stream
+    try:
+        yield
+    finally:
+        _terminal = saved
+
+
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
-    """A handler that writes to ``sys.stderr`` as it is when the record comes (a redirect made
-    after :func:`configure`, a test's capture), flushed at once."""
+    """A handler that writes to :func:`terminal` as it is when the record comes (a redirect
+    made after :func:`configure`, a test's capture), flushed at once."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
+        self.stream = terminal()
         super().emit(record)
 
 

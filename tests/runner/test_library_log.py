@@ -206,28 +206,38 @@ def test_a_full_disk_under_the_log_is_no_traceback(configured_by, capsys) -> Non
 
 
 DESCRIPTORS = """
-import os, subprocess, sys
+import logging, os, subprocess, sys
 from pathlib import Path
+from specshim import console
 from specshim.runner import library_log
+console.configure(quiet=True)
 with library_log.kept(Path(sys.argv[1])):
     os.write(1, b"written to descriptor 1\\n")
     os.write(2, b"written to descriptor 2\\n")
     child = "import sys; print('a child on stdout'); print('a child on stderr', file=sys.stderr)"
     subprocess.run([sys.executable, "-c", child], check=True)
+    print("a library on sys.stderr", file=sys.stderr)
+    torch_like = logging.getLogger("a_library_with_its_own_handler")
+    torch_like.addHandler(logging.StreamHandler(sys.stderr))
+    torch_like.propagate = False
+    torch_like.warning("its own handler's record")
     print("the command's result")
-    print("specshim's own line", file=sys.stderr)
+    console.LOGGER.warning("specshim's own line")
 print("after")
 """
 
 
 def test_what_is_written_to_the_descriptors_goes_to_the_log(tmp_path) -> None:
-    """What a library or a started process writes to descriptors 1 and 2 itself lands in the
-    log; this process's ``sys.stdout`` and ``sys.stderr`` stay on the terminal, as after."""
+    """What libraries (even through a handler of their own on ``sys.stderr``) and started
+    processes write to stdout and stderr lands in the log; the command's result
+    (``sys.stdout``) and specshim's own lines stay on the terminal, as after."""
     done = subprocess.run(
         [sys.executable, "-c", DESCRIPTORS, str(tmp_path)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert (done.stdout, done.stderr) == ("the command's result\nafter\n", "specshim's own line\n")
+    assert done.stdout == "the command's result\nafter\n"
+    assert done.stderr == "specshim: specshim's own line\n"
     log = (tmp_path / library_log.FILE).read_text()
-    for line in ("descriptor 1", "descriptor 2", "a child on stdout", "a child on stderr"):
+    for line in ("descriptor 1", "descriptor 2", "a child on stdout", "a child on stderr",
+                 "a library on sys.stderr", "its own handler's record"):  # fmt: skip
         assert line in log

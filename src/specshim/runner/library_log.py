@@ -9,11 +9,11 @@ worker processes, which read it as they start, write there too (a user's own
 what other libraries log (speculators, vLLM before it configures itself) reaches the file
 through the root logger, Python warnings through ``logging.captureWarnings``, loguru's records
 (speculators' model loading) through a sink; transformers' progress bars are off unless
-``verbose``. What is written to the file descriptors 1 and 2 themselves goes there too (torch's
-C++ warnings, the progress bar of vLLM's weight loading, everything vLLM's worker processes,
-which inherit the descriptors, print before vLLM sets up their log), while ``sys.stdout`` and
-``sys.stderr`` of this process, the command's result and specshim's own lines, stay where they
-were. Still on the terminal: what transformers and the hub log through their own handlers.
+``verbose``. So does everything else written to stdout's and stderr's file descriptors
+(torch's C++ warnings and its own log handler, the progress bar of vLLM's weight loading,
+everything vLLM's worker processes, which inherit the descriptors, print before vLLM sets up
+their log), except the command's result (``sys.stdout``) and specshim's own lines and bars
+(:func:`specshim.console.terminal`), which stay on the terminal.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from specshim import console
 from specshim.runner import out_lock
@@ -130,40 +130,35 @@ def _settings(log: Path, verbose: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _descriptors_to(log: Path) -> Iterator[None]:
-    """Inside, file descriptors 1 and 2 append to ``log``, so that what libraries and the
-    processes started meanwhile write there themselves lands in the log; ``sys.stdout`` and
-    ``sys.stderr``, where they write to those descriptors, move to copies of them as they were,
-    and everything is as it was after. Streams that are not those descriptors (a test's
-    capture) stay as they are."""
-    streams = ("stdout", "stderr")
-    moved: dict[str, Any] = {}
-    saved: dict[int, int] = {}
-    target = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        for fd, name in enumerate(streams, start=1):
-            stream = getattr(sys, name)
-            stream.flush()
-            saved[fd] = os.dup(fd)
-            if _descriptor(stream) == fd:
-                moved[name] = stream
-                copy = open(  # noqa: SIM115 closed below
-                    os.dup(saved[fd]), "w", encoding=stream.encoding, errors=stream.errors,
-                    buffering=1,
-                )  # fmt: skip
-                setattr(sys, name, copy)
-            os.dup2(target, fd)
+    """Inside, file descriptors 1 and 2 append to ``log``: whatever libraries and the processes
+    started meanwhile write there, by any means, lands in the log. Two writers keep the
+    terminal: ``sys.stdout`` (the command's result) moves to a copy of descriptor 1 as it was,
+    and specshim's own lines and bars (:func:`console.terminal`) go to a copy of descriptor 2
+    as it was. Streams that are not those descriptors (a test's capture) stay as they are."""
+    stdout, stderr = sys.stdout, sys.stderr
+    with contextlib.ExitStack() as stack:
+        target = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+        stack.callback(os.close, target)
+        result, own = (_kept_aside(stack, fd, target, s) for fd, s in ((1, stdout), (2, stderr)))
+        if _descriptor(stdout) == 1:
+            stack.enter_context(contextlib.redirect_stdout(result))
+        stack.enter_context(console.speaking_to(own if _descriptor(stderr) == 2 else stderr))
+        stack.callback(stderr.flush)  # what libraries left in it goes to the log
         yield
-    finally:
-        for fd, name in enumerate(streams, start=1):
-            with contextlib.suppress(OSError):
-                getattr(sys, name).flush()
-            if name in moved:
-                getattr(sys, name).close()
-                setattr(sys, name, moved[name])
-            if fd in saved:
-                os.dup2(saved[fd], fd)
-                os.close(saved[fd])
-        os.close(target)
+
+
+def _kept_aside(stack: contextlib.ExitStack, fd: int, target: int, stream: Any) -> TextIO:
+    """Point descriptor ``fd`` at ``target`` until ``stack`` closes, then back; return a
+    line-buffered text stream, like ``stream``, on a copy of what ``fd`` was."""
+    stream.flush()
+    saved = os.dup(fd)
+    stack.callback(os.close, saved)
+    stack.callback(os.dup2, saved, fd)
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    aside = open(os.dup(saved), "w", encoding=encoding, errors="backslashreplace", buffering=1)  # noqa: SIM115 closed by stack
+    stack.callback(aside.close)
+    os.dup2(target, fd)
+    return aside
 
 
 def _descriptor(stream: Any) -> int | None:

@@ -11,7 +11,6 @@ pending after the last batch count. The counts are kept whether or not the line 
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
@@ -35,7 +34,7 @@ class Progress:
         self,
         total: int,
         label: str = "extract",
-        stream: TextIO = sys.stderr,
+        stream: TextIO | None = None,
         visible: bool = True,
         started: float | None = None,
     ) -> None:
@@ -64,7 +63,7 @@ class Progress:
             self._bar = tqdm(
                 total=self.total,
                 desc=f"[{self._label}]",
-                file=self._stream,
+                file=self._stream or console.terminal(),
                 disable=hidden(self._visible),
                 bar_format="{desc} {n_fmt}/{total_fmt} samples{postfix}, ETA {remaining}",
             )

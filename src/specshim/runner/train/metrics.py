@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specshim import console
 from specshim.runner import progress
 from specshim.runner.train.out import run_file
 
@@ -214,7 +214,7 @@ class ProgressBar(logging.Handler):
             total=self.steps_per_epoch,
             desc=f"[specshim train] epoch {epoch + 1}/{self.epochs}",
             unit="step",
-            file=sys.stderr,
+            file=console.terminal(),
             disable=progress.hidden(),
         )
 
