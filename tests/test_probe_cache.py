@@ -82,11 +82,51 @@ def test_an_edited_imported_file_makes_the_next_report_probe_again(shelf_here: P
     assert probe_cache.Shelf().load() is None
 
 
-def test_another_vllm_setting_is_another_installation(
+@pytest.mark.parametrize(
+    "setting", ["VLLM_USE_V2_MODEL_RUNNER", "LD_LIBRARY_PATH", "CUDA_HOME", "TORCH_LOGS"]
+)
+def test_another_setting_the_stack_reads_is_another_installation(
+    shelf_here: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    """A loader path or a torch setting can break the import the probes made: not the same
+    installation. The setting's value is never written down."""
+    probe_cache.Shelf().save(_healthy())
+    monkeypatch.setenv(setting, "/a/secret/value")
+    assert probe_cache.Shelf().load() is None
+    probe_cache.Shelf().save(_healthy())
+    assert not any("/a/secret/value" in p.read_text() for p in probe_cache.folder().iterdir())
+
+
+def test_a_broken_fresh_outcome_forgets_the_healthy_one(shelf_here: Path) -> None:
+    """``report --fresh`` that finds the generator broken: the next report must not bring back
+    the healthy outcome kept before."""
+    probe_cache.Shelf().save(_healthy())
+    broken = probe_cache.Probed(_healthy().adapters, "ImportError: libc10.so")
+    probe_cache.Shelf().save(broken)
+    assert probe_cache.Shelf().load() is None
+
+
+def test_only_the_newest_outcomes_are_kept(
     shelf_here: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for n in range(probe_cache.KEPT + 3):
+        monkeypatch.setenv("VLLM_PORT", str(8000 + n))
+        probe_cache.Shelf().save(_healthy())
+    assert len(list(probe_cache.folder().iterdir())) == probe_cache.KEPT
+    assert probe_cache.Shelf().load() is not None  # the newest stays
+
+
+def test_without_a_home_nothing_is_kept_and_nothing_fails(
+    shelf_here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container's user without a home (HOME unset, no passwd entry): probe, keep nothing."""
+    monkeypatch.delenv("XDG_CACHE_HOME")
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")  # as pathlib says it
+
+    monkeypatch.setattr(Path, "home", no_home)
     probe_cache.Shelf().save(_healthy())
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     assert probe_cache.Shelf().load() is None
 
 

@@ -6,9 +6,9 @@ imports ran, the files the probes read and the settings they saw. A healthy outc
 generator imports, no patch broken) is kept in the user's cache with a fingerprint of all
 three: the size and time of every imported file and every file a probe read without importing
 it, the time of every folder they sit in and of every ``sys.path`` entry, the interpreter, and
-every ``VLLM_*`` / ``SPECSHIM_*`` setting. It is reused while the fingerprint holds, so any
-install, upgrade or edit makes the next report probe again. A broken outcome is never kept:
-that is the installation a user is changing.
+the settings vLLM, torch, CUDA and the loader read. It is reused while the fingerprint holds,
+so any install, upgrade or edit makes the next report probe again. A broken outcome is never
+kept (that is the installation a user is changing), and it replaces a healthy one kept before.
 """
 
 from __future__ import annotations
@@ -26,9 +26,15 @@ from pathlib import Path
 from specshim import applier
 from specshim.adapters import kit
 
-#: the setting prefixes a probe's outcome may depend on
-SETTING_PREFIXES = ("VLLM_", "SPECSHIM_")
-FORMAT = 1
+#: The settings a probe's outcome may depend on: what vLLM, specshim, torch, CUDA, NCCL,
+#: Triton, the hub and transformers read, where the dynamic loader and Python look.
+SETTING_PREFIXES = (
+    "VLLM_", "SPECSHIM_", "TORCH", "PYTORCH_", "CUDA", "NCCL_", "TRITON_", "HF_",
+    "TRANSFORMERS_", "LD_", "PYTHON",
+)  # fmt: skip
+FORMAT = 2
+#: How many outcomes (installations and settings) are kept; the oldest go first.
+KEPT = 8
 
 
 @dataclass(frozen=True)
@@ -48,15 +54,21 @@ class Probed:
         return self.import_error is None and self.adapters.ok
 
 
-def folder() -> Path:
+def folder() -> Path | None:
     """Where outcomes are kept: ``$XDG_CACHE_HOME/specshim/report``, by default under
-    ``~/.cache`` (where vLLM keeps its own cache too)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    ``~/.cache`` (where vLLM keeps its own cache too); None where there is no home to find (a
+    container's user without one): nothing is kept then."""
+    try:
+        cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except (RuntimeError, KeyError):
+        return None
     return Path(cache) / "specshim" / "report"
 
 
-def _settings() -> dict[str, object]:
-    return {
+def _settings() -> str:
+    """A digest of the interpreter, its path and the settings of :data:`SETTING_PREFIXES`
+    (their values, a token among them, are never written down)."""
+    settings = {
         "format": FORMAT,
         "interpreter": sys.executable,
         "python": sys.version,
@@ -65,11 +77,7 @@ def _settings() -> dict[str, object]:
             k: v for k, v in sorted(os.environ.items()) if k.startswith(SETTING_PREFIXES)
         },
     }
-
-
-def _place(settings: dict[str, object]) -> Path:
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-    return folder() / f"{digest[:24]}.json"
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
 def _stamp(path: str) -> list[int] | None:
@@ -99,11 +107,14 @@ class Shelf:
 
     def __init__(self) -> None:
         self.settings = _settings()
-        self.place = _place(self.settings)
+        where = folder()
+        self.place = where / f"{self.settings[:24]}.json" if where else None
 
     def load(self) -> Probed | None:
         """The kept outcome, if every file and folder it was probed with is as it was; else
         None (probe again)."""
+        if self.place is None:
+            return None
         try:
             kept = json.loads(self.place.read_text())
             if kept["settings"] != self.settings:
@@ -116,10 +127,15 @@ class Shelf:
             return None  # nothing kept, or kept by another specshim: probe again
 
     def save(self, probed: Probed) -> None:
-        """Keep a healthy ``probed`` for the next report; call it in the process that probed,
-        right after, so that the fingerprint is of the code the probes met. Failing to write
-        (read-only home, full disk) only costs the next report its probes."""
-        if not probed.healthy:
+        """Keep a healthy ``probed`` for the next report, or forget what was kept where it is
+        not healthy; call it in the process that probed, right after, so that the fingerprint
+        is of the code the probes met. Failing to write (read-only home, full disk) only costs
+        the next report its probes."""
+        if self.place is None:
+            return
+        if not probed.healthy:  # nor the healthy one kept before: it is not this one's truth
+            with contextlib.suppress(OSError):
+                self.place.unlink(missing_ok=True)
             return
         entry = {
             "settings": self.settings,
@@ -141,3 +157,13 @@ class Shelf:
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(out.name)
+            return
+        _prune(self.place.parent)
+
+
+def _prune(where: Path) -> None:
+    """Keep the :data:`KEPT` newest outcomes in ``where``."""
+    with contextlib.suppress(OSError):
+        kept = sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[KEPT:]:
+            old.unlink(missing_ok=True)
