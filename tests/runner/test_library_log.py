@@ -241,3 +241,60 @@ def test_what_is_written_to_the_descriptors_goes_to_the_log(tmp_path) -> None:
     for line in ("descriptor 1", "descriptor 2", "a child on stdout", "a child on stderr",
                  "a library on sys.stderr", "its own handler's record"):  # fmt: skip
         assert line in log
+
+
+@pytest.mark.usefixtures("quiet")
+def test_a_failed_command_whose_log_holds_a_traceback_keeps_it_named(tmp_path, capsys) -> None:
+    """A library's crash (vLLM's engine core failing to load the model) puts its cause far
+    above the last lines: the log stays, named, instead of its last lines and removal."""
+    with pytest.raises(RuntimeError), library_log.kept(tmp_path) as log:
+        logging.getLogger("vllm_like").error(
+            "Traceback (most recent call last):\n  ...\nKeyError: 'layers.0.bogus'"
+        )
+        for line in range(8):
+            logging.getLogger("vllm_like").error("shutting down %d", line)
+        raise RuntimeError("Engine core initialization failed. See root cause above.")
+    assert "KeyError: 'layers.0.bogus'" in log.read_text()
+    said = capsys.readouterr().err
+    assert said == f"specshim: what vLLM and the other libraries said is in {log}\n"
+
+
+CLOSED_STDOUT = """
+import sys
+from pathlib import Path
+from specshim import console
+from specshim.runner import library_log
+console.configure(quiet=True)
+with library_log.kept(Path(sys.argv[1])):
+    console.LOGGER.warning("ran")
+"""
+
+
+def test_a_command_started_without_stdout_still_runs(tmp_path) -> None:
+    """``specshim train ... >&-``: no descriptor 1 to set aside, and the command runs."""
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" -c "$1" "$2" >&-', sys.executable, CLOSED_STDOUT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert (done.returncode, done.stderr) == (0, "specshim: ran\n"), done.stderr
+
+
+CRASH = """
+import ctypes, sys
+from pathlib import Path
+from specshim.runner import library_log
+with library_log.kept(Path(sys.argv[1])):
+    ctypes.string_at(0)  # a library's segmentation fault
+"""
+
+
+def test_a_crash_inside_shows_its_traceback_on_the_terminal(tmp_path) -> None:
+    """A segmentation fault while descriptor 2 points at the log: faulthandler's traceback
+    reaches the terminal (stderr as the command found it), where the user looks."""
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "Fatal Python error: Segmentation fault" in done.stderr, done.stderr
+    assert "ctypes" in done.stderr or "string_at" in done.stderr or "<string>" in done.stderr

@@ -150,9 +150,19 @@ MORE_READERS = {
         ["train", "--data", "{other}", "--vocab", "{}", "--verifier", "v", "--out", "{out}"],
         "--vocab",
     ),
-    "eval": (["eval", "--verifier", "v", "--draft", "{other}", "--data", "{}", "--out", "{out}"],
-             "--data"),
+    "eval": (["eval", "--verifier", "v", "--draft", "{training}", "--data", "{}", "--out",
+              "{out}"], "--data"),
 }  # fmt: skip
+
+
+def test_eval_of_an_exported_draft_does_not_hold_the_data_it_never_reads(holder) -> None:
+    """Only a training folder's export reads --data: an exported draft's eval goes on (here to
+    the verifier it cannot find) while an extraction writes there."""
+    _process, data = holder
+    exported = data.parent / "exported"
+    exported.mkdir()
+    result = specshim("eval", "--verifier", "v", "--draft", str(exported), "--data", str(data))
+    assert "is in use" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("reader", MORE_READERS)
@@ -161,7 +171,10 @@ def test_reading_data_an_extraction_is_writing_stops_at_once(holder, tmp_path, r
     --data D``) is one line and exit 2 before it reads D, and leaves no --out behind."""
     process, data = holder
     out, (arguments, option) = tmp_path / "new", MORE_READERS[reader]
-    given = {"{}": str(data), "{out}": str(out), "{other}": str(tmp_path / "other")}
+    training = tmp_path / "draft"  # speculators' training output, which eval exports first
+    (training / "checkpoints").mkdir(parents=True)
+    given = {"{}": str(data), "{out}": str(out), "{other}": str(tmp_path / "other"),
+             "{training}": str(training)}  # fmt: skip
     result = specshim(*[given.get(a, a) for a in arguments])
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
     command = arguments[0]

@@ -114,7 +114,7 @@ def _eval(args: argparse.Namespace) -> int:
     )
     reading = (  # the extraction the export reads, held for reading as train holds it
         out_lock.held(args.data, "eval", "--data", shared=True)
-        if args.data is not None and args.data.resolve() not in (draft.resolve(), out.resolve())
+        if training and args.data.resolve() not in (draft.resolve(), out.resolve())
         else contextlib.nullcontext()
     )
     with drafts, reading, out_lock.held(out, "eval"), library_log.kept(out, args.verbose):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import faulthandler
 import json
 import logging
 import os
@@ -140,18 +141,26 @@ def _descriptors_to(log: Path) -> Iterator[None]:
         target = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
         stack.callback(os.close, target)
         result, own = (_kept_aside(stack, fd, target, s) for fd, s in ((1, stdout), (2, stderr)))
-        if _descriptor(stdout) == 1:
+        if result and _descriptor(stdout) == 1:
             stack.enter_context(contextlib.redirect_stdout(result))
-        stack.enter_context(console.speaking_to(own if _descriptor(stderr) == 2 else stderr))
-        stack.callback(stderr.flush)  # what libraries left in it goes to the log
+        if own and _descriptor(stderr) == 2:
+            stack.enter_context(console.speaking_to(own))
+            stack.enter_context(_fatal_errors_to(own))
+        if stderr is not None:
+            stack.callback(stderr.flush)  # what libraries left in it goes to the log
         yield
 
 
-def _kept_aside(stack: contextlib.ExitStack, fd: int, target: int, stream: Any) -> TextIO:
+def _kept_aside(stack: contextlib.ExitStack, fd: int, target: int, stream: Any) -> TextIO | None:
     """Point descriptor ``fd`` at ``target`` until ``stack`` closes, then back; return a
-    line-buffered text stream, like ``stream``, on a copy of what ``fd`` was."""
-    stream.flush()
-    saved = os.dup(fd)
+    line-buffered text stream, like ``stream``, on a copy of what ``fd`` was. A descriptor the
+    command was started without (``>&-``) is left alone: None."""
+    if stream is not None:
+        stream.flush()
+    try:
+        saved = os.dup(fd)
+    except OSError:
+        return None
     stack.callback(os.close, saved)
     stack.callback(os.dup2, saved, fd)
     encoding = getattr(stream, "encoding", None) or "utf-8"
@@ -159,6 +168,22 @@ def _kept_aside(stack: contextlib.ExitStack, fd: int, target: int, stream: Any) 
     stack.callback(aside.close)
     os.dup2(target, fd)
     return aside
+
+
+@contextlib.contextmanager
+def _fatal_errors_to(terminal: TextIO) -> Iterator[None]:
+    """Inside, a crash of this process (a segmentation fault in a library) prints its Python
+    traceback on ``terminal`` (``faulthandler``), not into the log, which nothing would name;
+    faulthandler is as it was after."""
+    was = faulthandler.is_enabled()
+    faulthandler.enable(terminal)
+    try:
+        yield
+    finally:
+        if was:
+            faulthandler.enable(sys.__stderr__ or sys.stderr)
+        else:
+            faulthandler.disable()
 
 
 def _descriptor(stream: Any) -> int | None:
@@ -195,9 +220,9 @@ def kept(folder: Path, verbose: bool = False) -> Iterator[Path]:
     warning when the command failed, for the user to read why); nothing where this run wrote
     nothing there (an earlier run's log is appended to, not replaced). A command that failed
     having changed nothing else there shows the log's last lines instead and removes it: a
-    refused command leaves nothing behind. A log that cannot be appended to (a folder, a
-    symbolic link, not writable, a named pipe) is ``ValueError``, one line, before the command
-    starts."""
+    refused command leaves nothing behind (a log holding a traceback stays, named). A log that
+    cannot be appended to (a folder, a symbolic link, not writable, a named pipe) is
+    ``ValueError``, one line, before the command starts."""
     log = folder / FILE
     if folder.exists() and not folder.is_dir():  # the command refuses it with its own line
         yield log
@@ -254,12 +279,15 @@ def _state(folder: Path) -> dict[str, tuple[int, int]]:
 
 def _tell(log: Path, failed: bool, alone: bool) -> None:
     """Say where ``log`` is, or (a failed command that changed nothing else beside it,
-    ``alone``, and the log too is this command's) its last lines, removing it."""
+    ``alone``, and the log too is this command's) its last lines, removing it; unless it holds
+    a traceback, whose cause is rarely in the last lines: then it stays, named."""
     if not failed:
         console.LOGGER.info("what vLLM and the other libraries said is in %s", log)
-    elif alone:
-        last = log.read_text(errors="replace").splitlines()[-LAST_LINES:]
+        return
+    said = log.read_text(errors="replace")
+    if alone and "Traceback (most recent call last)" not in said:
         log.unlink()
+        last = said.splitlines()[-LAST_LINES:]
         console.LOGGER.warning("what the libraries said last:\n  %s", "\n  ".join(last))
     else:
         console.LOGGER.warning("what vLLM and the other libraries said is in %s", log)
