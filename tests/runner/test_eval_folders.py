@@ -142,3 +142,17 @@ def test_a_file_the_child_wrote_before_a_kill_is_the_runs_own(monkeypatch, tmp_p
     assert evaluate.not_written_here(out, files.Ledger(out / evaluate.LEDGER)) == []
     os.utime(out / "prompts.json", ns=(1, 1))  # a recorded file changed since stays refused
     assert evaluate.not_written_here(out, files.Ledger(out / evaluate.LEDGER)) == ["prompts.json"]
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_a_draft_that_is_no_draft_is_one_line_and_leaves_nothing(tmp_path, made: bool) -> None:
+    """A missing --draft, or a folder without config.json, is refused before eval starts vLLM
+    (which ended in a 35-line traceback), and leaves no eval-NAME folder behind."""
+    draft = tmp_path / "exported"
+    if made:
+        draft.mkdir()
+    result = specshim("eval", "--verifier", "v", "--draft", str(draft))
+    assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+    what = "has no config.json" if made else "does not exist"
+    assert result.stderr.startswith(f"specshim eval: --draft {draft} {what}: give ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["exported"] if made else [])

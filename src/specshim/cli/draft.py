@@ -122,6 +122,8 @@ def _eval(args: argparse.Namespace) -> int:
         if training:
             export.check(served, "--draft", args.overwrite)
             export.export(draft, args.data, served, shift=args.layer_shift)
+        else:
+            evaluate.check_draft(draft)
         prompts = (
             [line for line in args.prompts.read_text().splitlines() if line.strip()]
             if args.prompts

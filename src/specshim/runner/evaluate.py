@@ -223,6 +223,17 @@ def evaluate(
     return result
 
 
+def check_draft(draft: Path) -> None:
+    """Refuse, in one line and before anything is made, a ``--draft`` that is no draft vLLM
+    can serve: an exported draft is a folder with a ``config.json``."""
+    if not (draft / "config.json").is_file():
+        what = "does not exist" if not draft.exists() else "has no config.json"
+        raise ValueError(
+            f"--draft {draft} {what}: give speculators' training folder (with checkpoints/, "
+            "and --data) or a draft it exported (with config.json)"
+        )
+
+
 def check(workdir: Path, overwrite: bool) -> None:
     """Refuse, in one line and before anything is written, files in ``workdir`` (``--out``)
     that an evaluation did not write (:func:`not_written_here`), unless ``overwrite``."""
