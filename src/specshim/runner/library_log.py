@@ -37,6 +37,8 @@ from specshim.runner import out_lock
 FILE = out_lock.LIBRARIES_LOG
 #: How many of its last lines a failed command that wrote nothing else shows.
 LAST_LINES = 5
+#: How Python begins a traceback.
+TRACEBACK = "Traceback (most recent call last):"
 #: One line a record, whichever library and process wrote it.
 FORMAT = "%(asctime)s pid=%(process)d %(levelname)s %(name)s: %(message)s"
 #: vLLM's settings that say where its log goes: one set by the user is kept.
@@ -220,9 +222,9 @@ def kept(folder: Path, verbose: bool = False) -> Iterator[Path]:
     warning when the command failed, for the user to read why); nothing where this run wrote
     nothing there (an earlier run's log is appended to, not replaced). A command that failed
     having changed nothing else there shows the log's last lines instead and removes it: a
-    refused command leaves nothing behind (a log holding a traceback stays, named). A log that
-    cannot be appended to (a folder, a symbolic link, not writable, a named pipe) is
-    ``ValueError``, one line, before the command starts."""
+    refused command leaves nothing behind. A log that cannot be appended to (a folder, a
+    symbolic link, not writable, a named pipe) is ``ValueError``, one line, before the command
+    starts."""
     log = folder / FILE
     if folder.exists() and not folder.is_dir():  # the command refuses it with its own line
         yield log
@@ -279,15 +281,26 @@ def _state(folder: Path) -> dict[str, tuple[int, int]]:
 
 def _tell(log: Path, failed: bool, alone: bool) -> None:
     """Say where ``log`` is, or (a failed command that changed nothing else beside it,
-    ``alone``, and the log too is this command's) its last lines, removing it; unless it holds
-    a traceback, whose cause is rarely in the last lines: then it stays, named."""
+    ``alone``, and the log too is this command's) its last lines, and the error that ended its
+    first traceback (the cause, which a crash's last lines rarely hold), removing it."""
     if not failed:
         console.LOGGER.info("what vLLM and the other libraries said is in %s", log)
-        return
-    said = log.read_text(errors="replace")
-    if alone and "Traceback (most recent call last)" not in said:
+    elif alone:
+        said = log.read_text(errors="replace").splitlines()
         log.unlink()
-        last = said.splitlines()[-LAST_LINES:]
-        console.LOGGER.warning("what the libraries said last:\n  %s", "\n  ".join(last))
+        console.LOGGER.warning(
+            "what the libraries said last:\n  %s", "\n  ".join(said[-LAST_LINES:])
+        )
+        if (cause := _first_error(said)) and cause not in said[-LAST_LINES:]:
+            console.LOGGER.warning("the first error they met: %s", cause)
     else:
         console.LOGGER.warning("what vLLM and the other libraries said is in %s", log)
+
+
+def _first_error(lines: list[str]) -> str | None:
+    """The line that ends the first Python traceback in ``lines`` (``KeyError: ...``), or None."""
+    try:
+        start = next(i for i, line in enumerate(lines) if line.endswith(TRACEBACK))
+    except StopIteration:
+        return None
+    return next((line for line in lines[start + 1 :] if line and not line[0].isspace()), None)
