@@ -14,6 +14,7 @@ import fcntl
 import io
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -91,6 +92,10 @@ def pytest_configure(config: pytest.Config) -> None:
     whose OpenMP threads each spin on every core run slower side by side than one after the
     other (docs/results/test_durations_2026-12-07.txt)."""
     global WORKER_CORES
+    # A shell's background job starts with Ctrl-C ignored, and so would every process the tests
+    # start; the tests that send SIGINT stand for a terminal's Ctrl-C.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     worker = getattr(config, "workerinput", None)
     if worker is None:  # the tests' own cache folder: no report reuses a developer's probes
         os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix=TESTS_CACHE_PREFIX)

@@ -19,10 +19,7 @@ import pytest
 from specshim.runner import out_lock
 
 HOLD = (
-    "import signal, sys, time\n"
-    # Ctrl-C ends it even where the tests run in a shell's background, whose children inherit
-    # an ignored SIGINT
-    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "import sys, time\n"
     "from pathlib import Path\n"
     "from specshim.runner import out_lock\n"
     "reads = sys.argv[2:] == ['--data']\n"
