@@ -46,7 +46,7 @@ for spec in $SPECS; do
         if [ ! -d "$work/verifier" ] && [ -n "$first" ]; then  # one verifier for every run
             mkdir -p "$work" && cp -r "$first" "$work/"
         fi
-        step "report_$spec" python3 -m specshim.cli report
+        step "report_$spec" python3 -m specshim.cli report --verbose  # names every adapter
         step "run_${spec}_$BACKEND" python3 -m specshim.cli run --workdir "$work" --verifier-seconds 60 \
             --samples 200 --backend "$BACKEND" --overwrite  # a folder of this script's
         exit $status

@@ -297,18 +297,25 @@ def test_auto_on_a_gpu_without_engine_rows_says_the_engine_backend_is_untested_h
     assert "engine" not in on_cpu.reason
 
 
-@pytest.mark.parametrize("speculators", ["0.4.0.1", "0.3.0"])
+@pytest.mark.parametrize(
+    ("vllm", "speculators"), [("0.34.0", "0.4.0.1"), ("0.34.0", "0.3.0"), ("0.33.0", "0.4.0.1")]
+)
 @pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3, sm_90", "NVIDIA H200, sm_90"])
-def test_auto_takes_the_engine_backend_on_cuda_vllm_0_34_for_both_speculators(
-    speculators: str, gpu: str
+def test_auto_takes_the_engine_backend_where_an_engine_row_was_measured(
+    vllm: str, speculators: str, gpu: str
 ) -> None:
-    """The engine rows measured on the H100 speak for every sm_90 GPU, the H200 among them."""
+    """The engine rows measured on the H100 speak for every sm_90 GPU, the H200 among them;
+    without one (0.33.0 with speculators 0.3.0), auto keeps the generator."""
     from specshim import report as reports
 
     rows = matrix.load()
-    here = ("0.34.0", speculators, "vllm", gpu)
+    here = (vllm, speculators, "vllm", gpu)
     verdict, engine = (matrix.verdict(rows, *here, backend) for backend in ("generator", "engine"))
-    assert reports.backend_for(verdict, "0.34.0", True, engine, on_gpu=True).backend == "engine"
+    assert reports.backend_for(verdict, vllm, True, engine, on_gpu=True).backend == "engine"
+    unmeasured = (vllm, "0.3.0", "vllm", gpu)
+    verdict, engine = (matrix.verdict(rows, *unmeasured, b) for b in ("generator", "engine"))
+    expected = "engine" if vllm == "0.34.0" else "generator"
+    assert reports.backend_for(verdict, vllm, True, engine, on_gpu=True).backend == expected
 
 
 def test_auto_passes_over_the_engine_backend_where_the_run_cannot_take_it() -> None:

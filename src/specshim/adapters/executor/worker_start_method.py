@@ -58,16 +58,18 @@ WITHOUT = LeftOut(
     text="WorkerProc initialization failed",
     runner="v2",
     accelerator="gpu",
-    releases="<0.34",
+    releases="<0.27",
 )
-#: CUDA vLLM 0.34 (with the torch 2.14 it pins) starts the forked workers; why is not
-#: established, so spawn stays, which works on every release.
-HARMLESS_FROM_0_34 = LeftOut(
+#: CUDA vLLM 0.33 and 0.34 (with the torch 2.14 they pin) start the forked workers. vLLM's
+#: switch to spawn is the same code in 0.26 and 0.34, so the change is torch's or in what the
+#: caller asks CUDA first; not established, and 0.27-0.32 (torch 2.13) are not recorded. Spawn
+#: stays: it works on every release.
+HARMLESS_WITH_TORCH_2_14 = LeftOut(
     "0.3.0",
-    harmless="the forked workers start on CUDA vLLM 0.34 with torch 2.14",
+    harmless="the forked workers start on CUDA vLLM 0.33 and 0.34 with torch 2.14",
     runner="v2",
     accelerator="gpu",
-    releases=">=0.34",
+    releases=">=0.33",
 )
 
 
@@ -84,8 +86,8 @@ ADAPTER = Adapter(
     left_out=(
         WITHOUT,
         WITHOUT.also(speculators="0.4.0.1"),
-        HARMLESS_FROM_0_34,
-        HARMLESS_FROM_0_34.also(speculators="0.4.0.1"),
+        HARMLESS_WITH_TORCH_2_14,
+        HARMLESS_WITH_TORCH_2_14.also(speculators="0.4.0.1"),
     ),
     probe=probe,
     patches=patches,
