@@ -243,6 +243,22 @@ def test_what_is_written_to_the_descriptors_goes_to_the_log(tmp_path) -> None:
         assert line in log
 
 
+def test_verbose_shows_what_the_descriptors_get_on_stderr_and_keeps_stdout_for_the_result(
+    tmp_path,
+) -> None:
+    """``--verbose``: what libraries and processes write reaches the terminal, on stderr even
+    where they wrote to stdout (vLLM's logger does), so that stdout is still only the result."""
+    verbose = DESCRIPTORS.replace("kept(Path(sys.argv[1]))", "kept(Path(sys.argv[1]), True)")
+    done = subprocess.run(
+        [sys.executable, "-c", verbose, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "the command's result\nafter\n"
+    said = ("descriptor 1", "descriptor 2", "a child on stdout", "a child on stderr",
+            "a library on sys.stderr", "its own handler's record", "own line")  # fmt: skip
+    assert [line for line in said if line not in done.stderr] == []
+
+
 @pytest.mark.usefixtures("quiet")
 def test_a_failed_command_shows_the_error_that_ended_the_first_traceback(tmp_path, capsys) -> None:
     """A library's crash (vLLM's engine core failing to load the model) puts its cause far

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from specshim import console
@@ -18,28 +14,13 @@ from specshim.cli.options import (
 )
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to file descriptor 1 to 2 for a while: vLLM's logger and its
-    worker processes write to stdout, which holds only the command's summary."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def _extract(args: argparse.Namespace) -> int:
-    """Run the extraction, the libraries' log in ``--out`` (:mod:`~specshim.runner.library_log`);
-    what vLLM's processes print themselves goes to stderr, so stdout holds only the summary."""
+    """Run the extraction, the libraries' log in ``--out`` (:mod:`~specshim.runner.library_log`:
+    stdout holds only the summary)."""
     from specshim.runner import extraction, library_log
     from specshim.runner.extraction import options
 
-    with _stdout_to_stderr(), library_log.kept(args.out, args.verbose):
+    with library_log.kept(args.out, args.verbose):
         summary = extraction.extract(
             args.model,
             args.data,

@@ -132,17 +132,24 @@ def _settings(log: Path, verbose: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _descriptors_to(log: Path) -> Iterator[None]:
+def _descriptors_to(log: Path, verbose: bool) -> Iterator[None]:
     """Inside, file descriptors 1 and 2 append to ``log``: whatever libraries and the processes
     started meanwhile write there, by any means, lands in the log. Two writers keep the
     terminal: ``sys.stdout`` (the command's result) moves to a copy of descriptor 1 as it was,
     and specshim's own lines and bars (:func:`console.terminal`) go to a copy of descriptor 2
-    as it was. Streams that are not those descriptors (a test's capture) stay as they are."""
+    as it was. With ``verbose`` the libraries speak on the terminal: descriptor 1 goes to 2
+    instead (vLLM's logger and its workers write to stdout, which holds only the result).
+    Streams that are not those descriptors (a test's capture) stay as they are."""
     stdout, stderr = sys.stdout, sys.stderr
     with contextlib.ExitStack() as stack:
-        target = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
-        stack.callback(os.close, target)
-        result, own = (_kept_aside(stack, fd, target, s) for fd, s in ((1, stdout), (2, stderr)))
+        if verbose:
+            result, own = _kept_aside(stack, 1, 2, stdout), None
+        else:
+            target = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+            stack.callback(os.close, target)
+            result, own = (
+                _kept_aside(stack, fd, target, s) for fd, s in ((1, stdout), (2, stderr))
+            )
         if result and _descriptor(stdout) == 1:
             stack.enter_context(contextlib.redirect_stdout(result))
         if own and _descriptor(stderr) == 2:
@@ -156,10 +163,12 @@ def _descriptors_to(log: Path) -> Iterator[None]:
 def _kept_aside(stack: contextlib.ExitStack, fd: int, target: int, stream: Any) -> TextIO | None:
     """Point descriptor ``fd`` at ``target`` until ``stack`` closes, then back; return a
     line-buffered text stream, like ``stream``, on a copy of what ``fd`` was. A descriptor the
-    command was started without (``>&-``) is left alone: None."""
+    command was started without (``>&-``), or a ``target`` it was started without, leaves
+    ``fd`` alone: None."""
     if stream is not None:
         stream.flush()
     try:
+        os.fstat(target)
         saved = os.dup(fd)
     except OSError:
         return None
@@ -240,8 +249,7 @@ def kept(folder: Path, verbose: bool = False) -> Iterator[Path]:
     logging.captureWarnings(True)
     failed = True
     try:
-        descriptors = contextlib.nullcontext() if verbose else _descriptors_to(log)
-        with _settings(log, verbose), _loguru_to(handlers), descriptors:
+        with _settings(log, verbose), _loguru_to(handlers), _descriptors_to(log, verbose):
             yield log
         failed = False
     finally:
