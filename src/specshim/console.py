@@ -35,8 +35,9 @@ PHASE = "phase "
 VALIDATION_HEAD = re.compile(r"\d+ validation errors? for \w+")
 
 
-#: Where :func:`terminal` points while :func:`speaking_to` is in force.
+#: Where :func:`terminal` and :func:`result` point while :func:`speaking_to` is in force.
 _terminal: TextIO | None = None
+_result: TextIO | None = None
 
 
 def terminal() -> TextIO:
@@ -46,15 +47,24 @@ def terminal() -> TextIO:
     return _terminal or sys.stderr
 
 
+def result() -> TextIO | None:
+    """Where a command's result goes: ``sys.stdout`` as it is now (None where the command was
+    started without it), or the terminal's stdout that :func:`speaking_to` named while every
+    other write to stdout goes into the command's log."""
+    return _result or sys.stdout
+
+
 @contextlib.contextmanager
-def speaking_to(stream: TextIO) -> Iterator[None]:
-    """Inside, :func:`terminal` is ``stream``."""
-    global _terminal
-    saved, _terminal = _terminal, stream
+def speaking_to(own: TextIO | None, results: TextIO | None) -> Iterator[None]:
+    """Inside, :func:`terminal` is ``own`` and :func:`result` is ``results`` (None: as they
+    were)."""
+    global _terminal, _result
+    saved = _terminal, _result
+    _terminal, _result = own or _terminal, results or _result
     try:
         yield
     finally:
-        _terminal = saved
+        _terminal, _result = saved
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]

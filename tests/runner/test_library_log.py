@@ -221,16 +221,17 @@ with library_log.kept(Path(sys.argv[1])):
     torch_like.addHandler(logging.StreamHandler(sys.stderr))
     torch_like.propagate = False
     torch_like.warning("its own handler's record")
-    print("the command's result")
+    print("a library's print")
+    print("the command's result", file=console.result())
     console.LOGGER.warning("specshim's own line")
 print("after")
 """
 
 
 def test_what_is_written_to_the_descriptors_goes_to_the_log(tmp_path) -> None:
-    """What libraries (even through a handler of their own on ``sys.stderr``) and started
-    processes write to stdout and stderr lands in the log; the command's result
-    (``sys.stdout``) and specshim's own lines stay on the terminal, as after."""
+    """What libraries (``print`` too, and a handler of their own on ``sys.stderr``) and
+    started processes write to stdout and stderr lands in the log; the command's result
+    (:func:`console.result`) and specshim's own lines stay on the terminal, as after."""
     done = subprocess.run(
         [sys.executable, "-c", DESCRIPTORS, str(tmp_path)], capture_output=True, text=True
     )
@@ -238,9 +239,9 @@ def test_what_is_written_to_the_descriptors_goes_to_the_log(tmp_path) -> None:
     assert done.stdout == "the command's result\nafter\n"
     assert done.stderr == "specshim: specshim's own line\n"
     log = (tmp_path / library_log.FILE).read_text()
-    for line in ("descriptor 1", "descriptor 2", "a child on stdout", "a child on stderr",
-                 "a library on sys.stderr", "its own handler's record"):  # fmt: skip
-        assert line in log
+    said = ("descriptor 1", "descriptor 2", "a child on stdout", "a child on stderr",
+            "a library on sys.stderr", "its own handler's record", "a library's print")  # fmt: skip
+    assert [line for line in said if line not in log] == []
 
 
 def test_verbose_shows_what_the_descriptors_get_on_stderr_and_keeps_stdout_for_the_result(
@@ -255,7 +256,7 @@ def test_verbose_shows_what_the_descriptors_get_on_stderr_and_keeps_stdout_for_t
     assert done.returncode == 0, done.stderr
     assert done.stdout == "the command's result\nafter\n"
     said = ("descriptor 1", "descriptor 2", "a child on stdout", "a child on stderr",
-            "a library on sys.stderr", "its own handler's record", "own line")  # fmt: skip
+            "a library on sys.stderr", "its own handler's record", "own line", "print")  # fmt: skip
     assert [line for line in said if line not in done.stderr] == []
 
 
@@ -296,6 +297,37 @@ def test_a_command_started_without_stdout_still_runs(tmp_path) -> None:
         text=True,
     )
     assert (done.returncode, done.stderr) == (0, "specshim: ran\n"), done.stderr
+
+
+CLOSED_VERBOSE = """
+import os, sys
+from pathlib import Path
+from specshim import console
+from specshim.runner import library_log
+console.configure(quiet=True)
+with library_log.kept(Path(sys.argv[1]), verbose=True):
+    with open(Path(sys.argv[1]) / "output.txt", "w") as output:
+        os.write(1, b"a library on descriptor 1\\n")
+        output.write("the command's file\\n")
+    console.LOGGER.warning("ran")
+"""
+
+
+@pytest.mark.parametrize("closed", [">&-", "2>&-"])
+def test_verbose_without_stdout_or_stderr_runs_and_writes_no_stray_output_into_files(
+    tmp_path, closed
+) -> None:
+    """``--verbose`` started without stdout: descriptor 1 still points at stderr meanwhile, so
+    a file the command opens never gets its number (and a library's writes); without stderr
+    the command still ends cleanly."""
+    done = subprocess.run(
+        ["sh", "-c", f'exec "$0" -c "$1" "$2" {closed}', sys.executable, CLOSED_VERBOSE,
+         str(tmp_path)], capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "output.txt").read_text() == "the command's file\n"
+    if closed == ">&-":
+        assert done.stderr == "a library on descriptor 1\nspecshim: ran\n"
 
 
 CRASH = """

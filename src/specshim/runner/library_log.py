@@ -134,43 +134,49 @@ def _settings(log: Path, verbose: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def _descriptors_to(log: Path, verbose: bool) -> Iterator[None]:
     """Inside, file descriptors 1 and 2 append to ``log``: whatever libraries and the processes
-    started meanwhile write there, by any means, lands in the log. Two writers keep the
-    terminal: ``sys.stdout`` (the command's result) moves to a copy of descriptor 1 as it was,
-    and specshim's own lines and bars (:func:`console.terminal`) go to a copy of descriptor 2
-    as it was. With ``verbose`` the libraries speak on the terminal: descriptor 1 goes to 2
-    instead (vLLM's logger and its workers write to stdout, which holds only the result).
-    Streams that are not those descriptors (a test's capture) stay as they are."""
+    started meanwhile write there, by any means (``print`` too), lands in the log. Two writers
+    keep the terminal: the command's result (:func:`console.result`) goes to a copy of
+    descriptor 1 as it was, and specshim's own lines and bars (:func:`console.terminal`) to a
+    copy of descriptor 2 as it was. With ``verbose`` the libraries speak on the terminal:
+    descriptor 1 goes to 2 instead (vLLM's logger and its workers write to stdout, which holds
+    only the result). Streams that are not those descriptors (a test's capture) stay as they
+    are."""
     stdout, stderr = sys.stdout, sys.stderr
     with contextlib.ExitStack() as stack:
         if verbose:
-            result, own = _kept_aside(stack, 1, 2, stdout), None
+            results, own = _kept_aside(stack, 1, 2, stdout), None
         else:
             target = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
             stack.callback(os.close, target)
-            result, own = (
-                _kept_aside(stack, fd, target, s) for fd, s in ((1, stdout), (2, stderr))
-            )
-        if result and _descriptor(stdout) == 1:
-            stack.enter_context(contextlib.redirect_stdout(result))
-        if own and _descriptor(stderr) == 2:
-            stack.enter_context(console.speaking_to(own))
+            results = _kept_aside(stack, 1, target, stdout)
+            own = _kept_aside(stack, 2, target, stderr)
+        results = results if _descriptor(stdout) == 1 else None
+        own = own if _descriptor(stderr) == 2 else None
+        stack.enter_context(console.speaking_to(own, results))
+        if own:
             stack.enter_context(_fatal_errors_to(own))
-        if stderr is not None:
-            stack.callback(stderr.flush)  # what libraries left in it goes to the log
+        for stream in (stdout, stderr):
+            if stream is not None:
+                stack.callback(stream.flush)  # what libraries left in it goes to the log
         yield
 
 
 def _kept_aside(stack: contextlib.ExitStack, fd: int, target: int, stream: Any) -> TextIO | None:
     """Point descriptor ``fd`` at ``target`` until ``stack`` closes, then back; return a
-    line-buffered text stream, like ``stream``, on a copy of what ``fd`` was. A descriptor the
-    command was started without (``>&-``), or a ``target`` it was started without, leaves
-    ``fd`` alone: None."""
+    line-buffered text stream, like ``stream``, on a copy of what ``fd`` was (None where the
+    command was started without ``fd``, ``>&-``). A ``target`` the command was started without
+    leaves ``fd`` alone."""
     if stream is not None:
         stream.flush()
     try:
         os.fstat(target)
-        saved = os.dup(fd)
     except OSError:
+        return None
+    try:
+        saved = os.dup(fd)
+    except OSError:  # started without it: it points at target meanwhile (else the next file
+        os.dup2(target, fd)  # opened would take its number, and what is written to it)
+        stack.callback(os.close, fd)
         return None
     stack.callback(os.close, saved)
     stack.callback(os.dup2, saved, fd)
@@ -221,7 +227,8 @@ def _loguru_to(handlers: list[logging.Handler]) -> Iterator[None]:
     finally:
         for sink in sinks:
             logger.remove(sink)
-        logger.add(sys.stderr)
+        if sys.stderr is not None:  # started without stderr (2>&-): loguru had no sink there
+            logger.add(sys.stderr)
 
 
 @contextlib.contextmanager

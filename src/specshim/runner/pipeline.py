@@ -40,6 +40,12 @@ class Settings:
     overwrite: bool = False
 
 
+def show(text: str) -> None:
+    """Print part of the run's result where the command's result goes (its log holds the
+    rest of stdout while the run goes on)."""
+    print(text, file=console.result())
+
+
 def say(message: str) -> None:
     """One progress line on stderr, as ``specshim run``."""
     console.status("specshim run", message)
@@ -84,16 +90,16 @@ def run(settings: Settings) -> int:
         max_model_len=settings.max_model_len,
         backend=settings.backend,
     )
-    print(summary.text())
+    show(summary.text())
     target = vocab.target_vocab_size(verifier)
     d2t, t2d = vocab.build(states, min(DRAFT_VOCAB, target), target, work, overwrite=True)
-    print(f"vocabulary: {d2t}, {t2d}")
+    show(f"vocabulary: {d2t}, {t2d}")
     # The demo trains its draft anew on every run (extraction above resumes instead): a
     # second `specshim run` in the same work directory must not be refused as a mixed run.
     trained = train.train(
         states, str(verifier), work / "draft", vocab=work, epochs=settings.epochs, overwrite=True
     )
-    print(trained.text())
+    show(trained.text())
     served = export.export(work / "draft", states, work / "draft" / "served")
     say(f"exported for vLLM: {served}")
     result = evaluate.evaluate(
@@ -104,5 +110,5 @@ def run(settings: Settings) -> int:
         max_model_len=settings.max_model_len,
         overwrite=True,  # the work directory is the run's (claim): its eval too
     )
-    print(result.table())
+    show(result.table())
     return 0 if result.identical else 1
