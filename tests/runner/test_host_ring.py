@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import pytest
 
 from specshim.runner.in_worker.ring import HostBuffer, HostRing
@@ -53,3 +57,47 @@ def test_giving_back_what_was_not_taken_is_an_error(ring) -> None:
     ring.take(10)
     with pytest.raises(RuntimeError, match="no span taken at 64"):
         ring.give_back(64)
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from specshim.runner.in_worker.ring import HostBuffer
+buffer = HostBuffer(Path(sys.argv[1]))
+buffer.hold(1 << 20, cuda=False)
+print(buffer.path.name, flush=True)
+if sys.argv[2] == "die":
+    import os, signal
+    os.kill(os.getpid(), signal.SIGKILL)  # as a worker killed mid-run: nothing released
+time.sleep(60)
+"""
+
+
+def hold_in_another_process(directory, how: str) -> tuple[subprocess.Popen[str], str]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory), how], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    return holder, holder.stdout.readline().strip()
+
+
+def test_a_buffer_left_by_a_killed_worker_is_removed_by_the_next_and_a_live_one_kept(
+    tmp_path,
+) -> None:
+    """A worker killed mid-run leaves its buffer (a gigabyte of memory by default) in
+    /dev/shm; the next buffer made there removes it, and leaves alone one a live process
+    holds."""
+    alive, held = hold_in_another_process(tmp_path, "live")
+    try:
+        dead, left = hold_in_another_process(tmp_path, "die")
+        assert dead.wait(timeout=60) == -signal.SIGKILL
+        assert (tmp_path / left).exists() and (tmp_path / held).exists()
+        mine = HostBuffer(tmp_path)
+        mine.hold(MIB, cuda=False)
+        assert mine.path is not None
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([held, mine.path.name])
+        mine.release()
+        assert [p.name for p in tmp_path.iterdir()] == [held]
+    finally:
+        alive.kill()
+        alive.wait()

@@ -14,6 +14,7 @@ which bounds the states waiting in host memory to the ring's size.
 from __future__ import annotations
 
 import collections
+import fcntl
 import itertools
 import mmap
 import os
@@ -71,9 +72,34 @@ def _map(path: Path, size: int) -> Any:
 _BUFFERS_MADE = itertools.count()
 
 
+def sweep(directory: Path) -> list[Path]:
+    """Remove the buffers in ``directory`` that no process holds any more (their worker was
+    killed: a buffer is a gigabyte of memory until its file goes), and return them. A live
+    buffer's process holds a shared ``flock`` on it from before its file has its name; that
+    works across containers sharing ``/dev/shm``, where a process id would not."""
+    gone = []
+    for path in directory.glob(f"{BUFFER_PREFIX}*"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: in use
+        else:
+            path.unlink(missing_ok=True)
+            gone.append(path)
+        finally:
+            os.close(fd)
+    return gone
+
+
 class HostBuffer:
     """One file in :data:`SHARED_MEMORY`, mapped, reused and replaced by a larger one when
-    more is asked for; another process maps the same file by its path.
+    more is asked for; another process maps the same file by its path. This process holds a
+    shared ``flock`` on it while it lives, so that a buffer left by a killed worker is told
+    from one in use and removed by the next (:func:`sweep`).
 
     Its pages are reserved when it is made (``posix_fallocate``), so a full ``/dev/shm`` (64 MB
     in a default Docker container) is an ``OSError`` here, not a bus error mid-copy. On a CUDA
@@ -87,6 +113,7 @@ class HostBuffer:
         self.size = 0
         self.pinned = False
         self.memory: Any = None
+        self._held: int | None = None  # the descriptor holding the flock
 
     def hold(self, nbytes: int, cuda: bool) -> Any:
         """The buffer, at least ``nbytes`` long (grown by half at least, to whole MiB)."""
@@ -95,15 +122,19 @@ class HostBuffer:
         size = aligned(max(nbytes, self.size * 3 // 2, 1)) + (1 << 20) - 1
         size -= size % (1 << 20)
         self.release()
-        path = self.directory / f"{BUFFER_PREFIX}{os.getpid()}-{next(_BUFFERS_MADE)}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        sweep(self.directory)
+        name = f"{BUFFER_PREFIX}{os.getpid()}-{next(_BUFFERS_MADE)}"
+        making = self.directory / f".{name}"  # named once held: sweep never sees it unheld
+        fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
             os.posix_fallocate(fd, 0, size)
+            path = making.rename(self.directory / name)
         except OSError:
             os.close(fd)
-            path.unlink()
+            making.unlink(missing_ok=True)
             raise
-        os.close(fd)
+        self._held = fd
         self.memory, self.path, self.size = _map(path, size), path, size
         self.pinned = cuda and self._pin()
         return self.memory
@@ -122,7 +153,9 @@ class HostBuffer:
             torch.cuda.cudart().cudaHostUnregister(self.memory.data_ptr())
         if self.path is not None:
             self.path.unlink(missing_ok=True)
-        self.memory, self.path, self.size, self.pinned = None, None, 0, False
+        if self._held is not None:
+            os.close(self._held)
+        self.memory, self.path, self.size, self.pinned, self._held = None, None, 0, False, None
 
 
 @dataclass
