@@ -170,37 +170,6 @@ def wait_while_running(
         time.sleep(0.05)
 
 
-SHARED_MEMORY = Path("/dev/shm")
-#: What vLLM's processes make there (Python's shared memory and semaphores); specshim's own
-#: buffers are removed by the next extraction (``ring.sweep``).
-VLLMS_SHARED_MEMORY = ("psm_", "sem.mp-")
-
-
-def shared_memory_now() -> set[Path]:
-    """The files in /dev/shm now."""
-    return set(SHARED_MEMORY.iterdir()) if SHARED_MEMORY.is_dir() else set()
-
-
-def remove_what_a_killed_group_left(before: set[Path]) -> list[Path]:
-    """Remove the files made in /dev/shm since ``before`` that no live process maps: what a
-    process group killed with SIGKILL left (vLLM's message queues and semaphores; nothing of
-    theirs cleans up after SIGKILL, and each is hundreds of MB of the machine's memory).
-    Another test's files, made meanwhile, are mapped by their live process and stay."""
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text()
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
-        mapped.update(line.split(maxsplit=5)[-1] for line in text.splitlines()
-                      if f" {SHARED_MEMORY}/" in line)  # fmt: skip
-    new = [p for p in shared_memory_now() - before if p.name.startswith(VLLMS_SHARED_MEMORY)]
-    left = [p for p in new if str(p) not in mapped]
-    for path in left:
-        path.unlink(missing_ok=True)
-    return left
-
-
 def assert_ran(result: dict[str, Any]) -> None:
     """Fail with the generator's error first, then the root cause a vLLM worker logged."""
     error = result.get("error")
