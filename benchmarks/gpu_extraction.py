@@ -11,12 +11,14 @@ writes the states must stay under):
 - ``native``: vLLM's ``extract_hidden_states`` speculative method with its
   ``ExampleHiddenStatesConnector`` (vLLM >= 0.18), timed until every file is written;
 - ``generator_rpc``: speculators' generator after ``specshim.apply()``, states through the RPC;
+- ``extract``: ``specshim extract`` with its defaults (no ``--backend``: what ``auto`` picks
+  for this vLLM, speculators and GPU, the path a user gets), writing every sample to disk;
 - ``extract_rpc``: ``specshim extract`` writing every sample to disk, states through the RPC
   (the files are compared: equal tensor for tensor, or the worst relative error where
   batches differ);
 - ``extract_worker``: the same, vLLM's worker writing the files itself
-  (``specshim.runner.in_worker.writer``), which reports where its time went; any ``extract_*``
-  path also takes ``@writers=N`` (the worker's writer processes,
+  (``specshim.runner.in_worker.writer``), which reports where its time went; ``extract`` and
+  any ``extract_*`` path also take ``@writers=N`` (the worker's writer processes,
   ``SPECSHIM_WRITER_PROCESSES``), ``@batch_size=N`` (prompts per ``generate`` call,
   ``extract --batch-size``; default 128), ``@max_num_seqs=N`` and ``@max_num_batched_tokens=N``,
   ``extract``'s engine steps (``options.EngineSettings``; vLLM's ``LLM`` on an H200 takes
@@ -31,7 +33,9 @@ writes the states must stay under):
   ``LLM.generate``'s own engine loop, vLLM's worker writing the files
   (``specshim.runner.extraction.backends.engine``); its files are compared with the other
   ``extract`` paths' like theirs;
-- ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk;
+- ``disk``: ``torch.save`` + fsync of the same bytes, one file after another, to the same disk
+  (each disk path removes what it wrote once timed, so that a real disk keeps room for the
+  extractions);
 - ``disk_writer``: the same on ``specshim extract``'s writer threads;
 - ``disk_processes``: the same bytes written by the worker writer's processes
   (:mod:`specshim.runner.in_worker.writer_processes`) from states already in the ring, processes
@@ -40,6 +44,7 @@ writes the states must stay under):
   is slower than prefill.
 
     python benchmarks/gpu_extraction.py [--prompts 512 --length 512 --hidden 2048 --layers 16]
+        [--length 32-1100]   # each prompt's length drawn evenly from 32 to 1,100 tokens
         [--paths vllm_prefill,native,extract_engine,extract_engine@writers=4,disk,disk_writer]
         [--repeat 3]
 
@@ -73,6 +78,7 @@ PATHS = (
     "vllm_prefill",
     "native",
     "generator_rpc",
+    "extract",
     "extract_rpc",
     "extract_worker",
     "extract_native",
@@ -105,9 +111,21 @@ def layer_ids(model: str) -> list[int]:
     return [2, layers // 2, layers - 3, layers - 1]
 
 
-def write_prompts(path: Path, count: int, length: int, vocab: int) -> list[list[int]]:
+def lengths(text: str) -> tuple[int, int]:
+    """``--length``: ``N`` (every prompt N tokens) or ``A-B`` (drawn evenly from A to B)."""
+    low, _, high = text.partition("-")
+    try:
+        shortest, longest = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or A-B tokens, got {text!r}") from None
+    if not 0 < shortest <= longest:
+        raise argparse.ArgumentTypeError(f"expected 0 < A <= B, got {text!r}")
+    return shortest, longest
+
+
+def write_prompts(path: Path, count: int, length: tuple[int, int], vocab: int) -> list[list[int]]:
     rng = random.Random(0)
-    prompts = [[rng.randrange(8, vocab) for _ in range(length)] for _ in range(count)]
+    prompts = [[rng.randrange(8, vocab) for _ in range(rng.randint(*length))] for _ in range(count)]
     path.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in prompts))
     return prompts
 
@@ -219,7 +237,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
     from specshim.runner.extraction.backends.generator import WorkerFilesClient
     from specshim.runner.in_worker import writer as worker_writer
 
-    handoff = mode.removeprefix("extract_").split("@")[0]
+    handoff = mode.removeprefix("extract").removeprefix("_").split("@")[0] or "auto"
     settings = _settings(mode)
     if settings.pop("read_back", "off") == "on":
         native.writes_in_worker = lambda *_: False
@@ -235,19 +253,19 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
             f"{mode}: unknown settings {sorted(settings)}; expected writers, read_back, "
             "batch_size, ahead_steps, max_num_seqs or max_num_batched_tokens"
         )
-    backend = handoff if handoff in ("native", "engine") else "generator"
+    backend = handoff if handoff in ("native", "engine", "auto") else "generator"
     timers = Timers()  # generate: the engine and the hand-off; the rest: this process's share
     started = backends.running
     worker: list[Any] = []  # what the hand-off did in the worker (page-locked or not)
 
     @contextlib.contextmanager
-    def timed_generator(*args: Any, **kwargs: Any) -> Any:
-        with started(*args, **kwargs) as generator:
+    def timed_generator(chosen: backends.Backend, *args: Any, **kwargs: Any) -> Any:
+        with started(chosen, *args, **kwargs) as generator:  # for auto: the one it picked
             timers.wrap(generator, "generate")
-            if backend == "native":
+            if chosen.name == "native":
                 yield generator
                 return
-            if backend == "engine":
+            if chosen.name == "engine":
                 yield generator
                 worker.extend(generator.llm.collective_rpc("specshim_engine_state"))
                 return
@@ -288,6 +306,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
         "inside": dict(timers.seconds),
         "handoff": worker[0] if worker else None,
         "steps": summary.engine,
+        "backend": summary.backend,
     }
 
 
@@ -306,6 +325,7 @@ def _disk(prompts: list[list[int]], hidden: int, work: Path, threads: int) -> di
             states = [torch.ones(len(p), hidden, dtype=torch.bfloat16) for _ in range(LAYER_COUNT)]
             writer.submit(out / f"data_{i}.pt", {"input_ids": torch.tensor(p), "hs": states})
     seconds = time.perf_counter() - start
+    shutil.rmtree(out)
     return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
 
 
@@ -371,6 +391,7 @@ def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[st
     finally:
         processes.close()
         ring.release()
+        shutil.rmtree(out)
     if problems := [w.problem for w in written if w.problem]:
         raise RuntimeError(f"disk_processes: {problems[0]}")
     save_cpu = sum(w.seconds.get("save_cpu", 0.0) for w in written)
@@ -392,7 +413,7 @@ def worker(mode: str, model: str, data: str, max_len: int, hidden: int, work: st
         result = _native(model, prompts, max_len, root)
     elif mode == "generator_rpc":
         result = _generator(model, prompts, max_len)
-    elif mode.startswith("extract_"):
+    elif mode.startswith("extract"):
         result = _extract(model, Path(data), max_len, root / mode, mode)
     elif mode == "disk":
         result = _disk(prompts, hidden, root, threads=1)
@@ -448,7 +469,7 @@ def compare_files(one: Path, other: Path) -> tuple[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=512)
-    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--length", type=lengths, default=(512, 512), help="N or A-B tokens")
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--architecture", choices=("llama", "qwen3"), default="llama")
@@ -461,8 +482,8 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="specshim-gpu-bench-"))
     model = build_model(work / "model", args)
     data = work / "prompts.jsonl"
-    write_prompts(data, args.prompts, args.length, vocab=384)
-    max_len = args.length + 16
+    prompts = write_prompts(data, args.prompts, args.length, vocab=384)
+    max_len = args.length[1] + 16
     chosen = args.paths.split(",")
     if args.repeat < 1:
         parser.error(f"--repeat: expected at least 1, got {args.repeat}")
@@ -472,7 +493,7 @@ def main() -> None:
     width = max(15, *(len(m) + 2 for m in chosen))
     for _ in range(args.repeat):
         for mode in chosen:
-            if mode.startswith("extract_"):  # else it would resume the last run's folder
+            if mode.startswith("extract"):  # else it would resume the last run's folder
                 shutil.rmtree(work / mode, ignore_errors=True)
             try:
                 found = run_worker(
@@ -487,7 +508,8 @@ def main() -> None:
             print(f"{mode:<{width}}{found['tokens_per_second']:>14,.0f} tokens/s in "
                   f"{found['seconds']:.2f} s" + (f" ({spent})" if spent else "")
                   + (f" steps: at most {found['steps']}" if found.get("steps") else "")
-                  + (f" worker: {found['handoff']}" if found.get("handoff") else ""),
+                  + (f" worker: {found['handoff']}" if found.get("handoff") else "")
+                  + (f" backend: {found['backend']}" if found.get("backend") else ""),
                   file=sys.stderr, flush=True)  # fmt: skip
     median = {mode: _median_run(found) for mode, found in runs.items() if found}
     rates = {mode: run["tokens_per_second"] for mode, run in median.items()}
@@ -496,7 +518,7 @@ def main() -> None:
         mode: {k: run[k] for k in ("steps", "handoff") if run.get(k)}
         for mode, run in median.items()
     }
-    written = [m for m in rates if m.startswith("extract_")]
+    written = [m for m in rates if m.startswith("extract")]
     for mode in written[1:]:
         compared, worst = compare_files(work / written[0], work / mode)
         how = f"within relative error {worst:.1e} of" if worst else "equal, tensor for tensor,"
@@ -505,7 +527,10 @@ def main() -> None:
     disk = max((r for m, r in rates.items() if m.startswith("disk")), default=0)
     ceiling = min((r for r in (rates.get("vllm_prefill", 0), disk) if r), default=0)
     heads = f"{args.hidden // args.head_dim}/{args.kv_heads or args.hidden // args.head_dim // 2}"
-    print(f"\n{args.prompts} prompts x {args.length} tokens, {args.architecture} {args.layers} x "
+    shortest, longest = args.length
+    length = f"{shortest}" if shortest == longest else f"{shortest} to {longest}"
+    print(f"\n{args.prompts} prompts x {length} tokens ({sum(map(len, prompts)):,} in all), "
+          f"{args.architecture} {args.layers} x "
           f"{args.hidden}, heads {heads} of {args.head_dim}")  # fmt: skip
     print(f"{'path':<{width}}{'tokens/s':>14}{'vs prefill':>12}{'vs min(prefill, disk)':>24}"
           + ("  runs vs prefill" if args.repeat > 1 else ""))  # fmt: skip
