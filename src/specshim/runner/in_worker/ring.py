@@ -72,12 +72,11 @@ def _map(path: Path, size: int) -> Any:
 _BUFFERS_MADE = itertools.count()
 
 
-def sweep(directory: Path) -> list[Path]:
+def sweep(directory: Path) -> None:
     """Remove the buffers in ``directory`` that no process holds any more (their worker was
-    killed: a buffer is a gigabyte of memory until its file goes), and return them. A live
+    killed: a buffer is a gigabyte of memory until its file goes). A live
     buffer's process holds a shared ``flock`` on it from before its file has its name; that
     works across containers sharing ``/dev/shm``, where a process id would not."""
-    gone = []
     for path in directory.glob(f"{BUFFER_PREFIX}*"):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -89,10 +88,8 @@ def sweep(directory: Path) -> list[Path]:
             continue  # held: in use
         else:
             path.unlink(missing_ok=True)
-            gone.append(path)
         finally:
             os.close(fd)
-    return gone
 
 
 class HostBuffer:
