@@ -1,4 +1,5 @@
-"""Draw docs/benchmarks.png from the figures the benchmark scripts saved in docs/benchmarks/.
+"""Draw docs/benchmarks.png, and the GPU runs alone as docs/benchmarks_gpu.png, from the
+figures the benchmark scripts saved in docs/benchmarks/.
 
 .venv/bin/python benchmarks/plot.py      (needs the `bench` extra: matplotlib)
 """
@@ -14,6 +15,8 @@ import matplotlib.pyplot as plt
 from common import RESULTS
 
 OUT = RESULTS.parent / "benchmarks.png"
+#: The GPU extraction panel alone, the figure docs/benchmarks.md opens with.
+GPU_OUT = RESULTS.parent / "benchmarks_gpu.png"
 
 
 def load(name: str) -> dict | None:
@@ -73,23 +76,38 @@ def output_panel(ax: plt.Axes, table: dict) -> None:
     ax.legend(fontsize=7)
 
 
-def gpu_extraction_panel(ax: plt.Axes, data: dict) -> None:
-    """Each path of benchmarks/gpu_extraction.py against vLLM's prefill in the same run."""
-    rates = data["rates"]
-    paths = [p for p in rates if p != "vllm_prefill"]
-    ax.bar(paths, [rates[p] / rates["vllm_prefill"] for p in paths])
-    ax.axhline(1.0, color="black", linewidth=1, label="vLLM's prefill")
-    ax.axhline(0.9, color="grey", linestyle="--", linewidth=1, label="goal 0.9")
-    ax.tick_params(axis="x", labelsize=7)
-    ax.set_ylabel("tokens/s vs vLLM prefill")
-    where, args = data.get("where", {}), data["args"]
-    ax.set_title(
-        f"Extraction on {where.get('device', 'a GPU')}, vLLM {where.get('vllm', '?')}\n"
-        f"{args.get('architecture', 'llama')} {args['layers']} x {args['hidden']}, "
-        f"{args['prompts']} x {args['length']} tokens ({where.get('date', '?')})",
-        fontsize=9,
+def gpu_extraction_panel(ax: plt.Axes, runs: list[dict]) -> None:
+    """Each path of benchmarks/gpu_extraction.py against vLLM's prefill in the same run, one
+    group of bars per run (a GPU, a vLLM release, a model shape)."""
+    paths = list(dict.fromkeys(p for run in runs for p in run["rates"] if p != "vllm_prefill"))
+    width = 0.8 / len(paths)
+    for i, path in enumerate(paths):
+        ratios = [run["rates"].get(path, 0) / run["rates"]["vllm_prefill"] for run in runs]
+        ax.bar([g + i * width for g in range(len(runs))], ratios, width, label=path)
+    ax.set_xticks(
+        [g + width * (len(paths) - 1) / 2 for g in range(len(runs))],
+        [run_label(run) for run in runs],
+        fontsize=7,
     )
+    ax.axhline(1.0, color="black", linewidth=1, label="vLLM's prefill")
+    ax.axhline(0.97, color="grey", linestyle="--", linewidth=1, label="goal 0.97")
+    ax.set_ylabel("tokens/s vs vLLM prefill (same run)")
+    ax.set_title("Extraction on GPUs, every file on disk", fontsize=9)
     ax.legend(fontsize=7)
+
+
+def run_label(run: dict) -> str:
+    """A GPU run's group label: device, vLLM, model shape, prompts, day."""
+    where, args = run.get("where", {}), run["args"]
+    length = args["length"]
+    if isinstance(length, list):  # [shortest, longest]
+        length = str(length[0]) if length[0] == length[1] else f"{length[0]}-{length[1]}"
+    device = where.get("device", "a GPU").removeprefix("NVIDIA ")
+    return (
+        f"{device}, vLLM {where.get('vllm', '?')}\n"
+        f"{args.get('architecture', 'llama')} {args['layers']} x {args['hidden']}, "
+        f"{args['prompts']} x {length} tokens\n{where.get('date', '?')}"
+    )
 
 
 def main() -> None:
@@ -99,10 +117,13 @@ def main() -> None:
             ("extraction", extraction_panel),
             ("scaling", scaling_panel),
             ("output", output_panel),
-            ("gpu_extraction", gpu_extraction_panel),
         )
         if (data := load(name)) is not None
     ]
+    if gpu_runs := [
+        json.loads(p.read_text()) for p in sorted(RESULTS.glob("gpu_extraction*.json"))
+    ]:
+        panels.append(("gpu_extraction", gpu_extraction_panel, gpu_runs))
     if not panels:
         raise SystemExit(f"no results in {RESULTS}: run the benchmark scripts first")
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2))
@@ -111,6 +132,12 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(OUT, dpi=110)
     print(f"wrote {OUT} ({', '.join(name for name, _, _ in panels)})")
+    if gpu_runs:
+        fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(gpu_runs), 4.2))
+        gpu_extraction_panel(ax, gpu_runs)
+        fig.tight_layout()
+        fig.savefig(GPU_OUT, dpi=110)
+        print(f"wrote {GPU_OUT} ({len(gpu_runs)} runs)")
 
 
 if __name__ == "__main__":
