@@ -170,6 +170,31 @@ def wait_while_running(
         time.sleep(0.05)
 
 
+#: What vLLM's processes make in /dev/shm (Python's shared memory and semaphores); specshim's
+#: own buffers are removed by the next extraction (``ring.sweep``).
+VLLMS_SHARED_MEMORY = ("psm_", "sem.mp-")
+
+
+def shared_memory_of_group(group: int) -> set[Path]:
+    """vLLM's files in /dev/shm that the processes of process group ``group`` map now. Taken
+    just before the group is killed with SIGKILL, they are what it leaves (nothing of vLLM's
+    cleans up after SIGKILL; each queue is hundreds of MB of the machine's memory), and no
+    other test's: read from the group's own mappings, not from what appeared meanwhile."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != group:
+                continue  # after the command's name: state, parent, group
+            maps = (stat.parent / "maps").read_text()
+        except (OSError, ValueError, IndexError):  # ended meanwhile
+            continue
+        for line in maps.splitlines():
+            path = Path(line.split(maxsplit=5)[-1])
+            if path.parent == Path("/dev/shm") and path.name.startswith(VLLMS_SHARED_MEMORY):
+                found.add(path)
+    return found
+
+
 def assert_ran(result: dict[str, Any]) -> None:
     """Fail with the generator's error first, then the root cause a vLLM worker logged."""
     error = result.get("error")

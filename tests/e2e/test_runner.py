@@ -73,8 +73,11 @@ def test_extract_resumes_after_a_kill_without_loss_or_duplicates(tiny_models, tm
         busy.stderr,
     ), busy.stderr[-3000:]
     wait_for_samples(first, out, "killed")
+    left = harness.shared_memory_of_group(first.pid)
     os.killpg(first.pid, signal.SIGKILL)  # the whole group: vLLM's workers too
     first.wait()
+    for path in left:
+        path.unlink(missing_ok=True)
     assert (out / ".specshim.lock").exists()  # the file stays, but not its lock: resumed below
     written_before_kill = len(list(out.glob("data_*.pt")))
     assert written_before_kill < KILLED_RUN_SAMPLES, "the kill came too late to test resumption"
