@@ -304,18 +304,14 @@ def test_auto_on_a_gpu_without_engine_rows_says_the_engine_backend_is_untested_h
 def test_auto_takes_the_engine_backend_where_an_engine_row_was_measured(
     vllm: str, speculators: str, gpu: str
 ) -> None:
-    """The engine rows measured on the H100 speak for every sm_90 GPU, the H200 among them;
-    without one (0.33.0 with speculators 0.3.0), auto keeps the generator."""
+    """The engine rows measured on the H100 speak for every sm_90 GPU, the H200 among them
+    (without one, auto keeps the generator: the test above)."""
     from specshim import report as reports
 
     rows = matrix.load()
     here = (vllm, speculators, "vllm", gpu)
     verdict, engine = (matrix.verdict(rows, *here, backend) for backend in ("generator", "engine"))
     assert reports.backend_for(verdict, vllm, True, engine, on_gpu=True).backend == "engine"
-    unmeasured = (vllm, "0.3.0", "vllm", gpu)
-    verdict, engine = (matrix.verdict(rows, *unmeasured, b) for b in ("generator", "engine"))
-    expected = "engine" if vllm == "0.34.0" else "generator"
-    assert reports.backend_for(verdict, vllm, True, engine, on_gpu=True).backend == expected
 
 
 def test_auto_passes_over_the_engine_backend_where_the_run_cannot_take_it() -> None:
