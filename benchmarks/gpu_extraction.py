@@ -359,21 +359,21 @@ def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[st
     out.mkdir(parents=True, exist_ok=True)
     longest = max(map(len, prompts))
     layer_bytes = aligned(longest * hidden * 2)
-    extremes_at = LAYER_COUNT * layer_bytes  # in each slot
-    slot_bytes = extremes_at + aligned(8 * LAYER_COUNT)
+    largest_at = LAYER_COUNT * layer_bytes  # in each slot
+    slot_bytes = largest_at + aligned(4 * LAYER_COUNT)
     slots = max(1, RING_BYTES // slot_bytes)
     ring = HostRing()
     ring.hold(slots * slot_bytes, cuda=False)
     for slot in range(0, slots * slot_bytes, slot_bytes):
-        ring.memory[slot : slot + extremes_at].view(torch.bfloat16).fill_(1)
-        extremes = ring.memory[slot + extremes_at : slot + extremes_at + 8 * LAYER_COUNT]
-        extremes.view(torch.float32).fill_(1)
+        ring.memory[slot : slot + largest_at].view(torch.bfloat16).fill_(1)
+        largest = ring.memory[slot + largest_at : slot + largest_at + 4 * LAYER_COUNT]
+        largest.view(torch.float32).fill_(1)
     place = (str(ring.buffer.path), ring.size)
     jobs = [
         WriteJob(i, Expected(str(out / f"data_{i}.pt"), p, [1] * len(p), f"prompt {i}"),
                  list(range(LAYER_COUNT)), place, "bfloat16",
                  [(slot + layer * layer_bytes, (len(p), hidden)) for layer in range(LAYER_COUNT)],
-                 slot + extremes_at)
+                 slot + largest_at)
         for i, p in enumerate(prompts)
         for slot in [i % slots * slot_bytes]
     ]  # fmt: skip

@@ -23,33 +23,45 @@ def misaligned(where: str, ran: list[int], row: list[int]) -> str | None:
     )
 
 
-def state_problem(state: Any, tokens: int, extremes: Any = None) -> str | None:
+def state_problem(state: Any, tokens: int, largest: Any = None) -> str | None:
     """What is wrong with one layer's ``[tokens, hidden]`` states, or None.
 
     One pass of ``aminmax`` (it propagates NaN; Inf is an end), not ``isfinite(...).all()``
-    plus ``any()``: three passes over every state. ``extremes``: the states' ``(min, max)``
-    where they are known already (the worker computes them on the GPU, beside the copies to the
-    host)."""
+    plus ``any()``: three passes over every state. ``largest``: the states' largest magnitude
+    where it is known already (the worker computes it on the GPU, beside the copies to the
+    host: :func:`largest_magnitudes`); it tells the same, being NaN, Inf or 0 exactly where
+    the ends are."""
     import torch
 
     if state.shape[0] != tokens:
         return f"states for {state.shape[0]} tokens, the row has {tokens}"
-    low, high = (float(x) for x in (torch.aminmax(state) if extremes is None else extremes))
-    if not (math.isfinite(low) and math.isfinite(high)):
+    ends = [float(x) for x in (torch.aminmax(state) if largest is None else (largest,))]
+    if not all(math.isfinite(x) for x in ends):
         return "states hold NaN or Inf"
-    if low == 0 and high == 0:
+    if not any(ends):
         return "states are all zero"
     return None
 
 
 def sample_problem(
-    where: str, layer_ids: list[int], states: list[Any], tokens: int, extremes: Any = None
+    where: str, layer_ids: list[int], states: list[Any], tokens: int, largest: Any = None
 ) -> str | None:
     """What keeps one sample's per-layer states (``layer_ids``' order) from being written, as
-    the line the user sees (it names ``where`` and the layer), or None. ``extremes``: the
-    layers' ``[layers, 2]`` (min, max) where known (:func:`state_problem`)."""
+    the line the user sees (it names ``where`` and the layer), or None. ``largest``: the
+    layers' largest magnitudes where known (:func:`state_problem`)."""
     for place, (layer, state) in enumerate(zip(layer_ids, states, strict=True)):
-        known = None if extremes is None else extremes[place]
+        known = None if largest is None else largest[place]
         if found := state_problem(state, tokens, known):
             return f"{where}, layer {layer}: {found}; refusing to write them"
     return None
+
+
+def largest_magnitudes(per_sample: list[list[Any]]) -> Any:
+    """Each sample's layers' largest magnitude, ``[samples, layers]`` float32 on the states'
+    device, in one pass over the whole batch: ``torch._foreach_norm`` with ``ord=inf`` (its
+    maximum propagates NaN; torch's own gradient clipping uses it), where a reduction per
+    sample and layer would cost the worker's thread a kernel launch each."""
+    import torch
+
+    found = torch._foreach_norm([t for layers in per_sample for t in layers], ord=math.inf)
+    return torch.stack(found).float().view(len(per_sample), -1)

@@ -29,6 +29,7 @@ from typing import Any
 from specshim import patches
 from specshim.adapters.model import Patch
 from specshim.runner import files
+from specshim.runner.in_worker.checks import largest_magnitudes
 from specshim.runner.in_worker.protocol import Expected, Report, columnless_like
 from specshim.runner.in_worker.ring import HostRing, aligned, each_tensor
 from specshim.runner.in_worker.writer_processes import (
@@ -111,7 +112,7 @@ class WorkerFiles:
     #: Seconds spent, by step. On the worker's thread: ``fetch`` (speculators'
     #: ``_get_captured_states``), ``split``, ``hold`` (making the ring: allocating and
     #: page-locking it), ``room`` (waiting for the writers while the ring is full),
-    #: ``copies`` (issuing the copies into it, the checks' extremes computed on the GPU
+    #: ``copies`` (issuing the copies into it, the checks' magnitudes computed on the GPU
     #: beside them), ``copied`` (waiting for copies to end, where it had to), ``answer`` (all
     #: of one fetch's reply). In the writer processes, summed over them: ``check``, ``save``
     #: (wall) and ``save_cpu`` (the process's CPU time in it; the rest it waited for the disk).
@@ -201,16 +202,19 @@ class WorkerFiles:
         cuda = per_sample[0][0].is_cuda
         self.start(cuda)
         sizes = [_span(layers, cuda) for layers in per_sample]
+        largest: list[Any] = [None] * len(batch)
         if cuda:
             import torch
 
             self._stream = self._stream or torch.cuda.Stream()
             self._stream.wait_stream(torch.cuda.current_stream())
-        for expected, layers, nbytes in zip(batch, per_sample, sizes, strict=True):
+            with self._clock("copies"), torch.cuda.stream(self._stream):
+                largest = list(largest_magnitudes(per_sample))
+        for expected, layers, nbytes, known in zip(batch, per_sample, sizes, largest, strict=True):
             with self._clock("room"):
                 start = self._room(nbytes, cuda)
             with self._clock("copies"):
-                self._copying.append(self._copy(expected, layers, start, cuda))
+                self._copying.append(self._copy(expected, layers, start, known))
         self._hand_out()
 
     def split(self, states: Any) -> tuple[list[Expected], list[list[Any]]]:
@@ -275,10 +279,10 @@ class WorkerFiles:
                     self._hold(nbytes, nbytes, cuda)
         return start
 
-    def _copy(self, expected: Expected, layers: list[Any], start: int, cuda: bool) -> _Copying:
-        """Copy one sample's layers into the ring at ``start``: on a CUDA device on the side
-        stream, each layer's ``(min, max)`` computed there and copied after them (so the
-        checks on the host need not read every state)."""
+    def _copy(self, expected: Expected, layers: list[Any], start: int, largest: Any) -> _Copying:
+        """Copy one sample's layers into the ring at ``start``: on a CUDA device (``largest``,
+        the layers' largest magnitudes computed there, given) on the side stream, ``largest``
+        copied after them (so the checks on the host need not read every state)."""
         import torch
 
         memory, places, views = self._ring.memory, [], []
@@ -288,24 +292,23 @@ class WorkerFiles:
             views.append(memory[offset : offset + nbytes].view(t.dtype).view(t.shape))
             places.append((offset, tuple(t.shape)))
             offset += aligned(nbytes)
-        extremes_at, copied = None, None
-        if cuda:
+        largest_at, copied = None, None
+        if largest is not None:
             with torch.cuda.stream(self._stream):
                 for view, t in zip(views, layers, strict=True):
                     view.copy_(t, non_blocking=True)
                     t.record_stream(self._stream)  # not reused before the copy is done
-                found = torch.stack([torch.stack(torch.aminmax(t)) for t in layers]).float()
-                place = memory[offset : offset + found.numel() * 4].view(torch.float32)
-                place.view(found.shape).copy_(found, non_blocking=True)
+                place = memory[offset : offset + largest.numel() * 4].view(torch.float32)
+                place.copy_(largest, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record(self._stream)
-            extremes_at = offset
+            largest_at = offset
         else:
             for view, t in zip(views, layers, strict=True):
                 view.copy_(t)
         ring = (str(self._ring.buffer.path), self._ring.size)
         dtype = str(layers[0].dtype).removeprefix("torch.")
-        job = WriteJob(start, expected, self.layers, ring, dtype, places, extremes_at)
+        job = WriteJob(start, expected, self.layers, ring, dtype, places, largest_at)
         return _Copying(job, copied)
 
     def _hand_out(self, wait: bool = False) -> None:
@@ -370,10 +373,10 @@ class WorkerFiles:
 
 
 def _span(layers: list[Any], cuda: bool) -> int:
-    """The ring bytes one sample takes: its layers, and on a GPU their ``[layers, 2]``
-    float32 extremes."""
+    """The ring bytes one sample takes: its layers, and on a GPU their largest magnitudes
+    (float32)."""
     states = sum(aligned(t.numel() * t.element_size()) for t in layers)
-    return states + (aligned(8 * len(layers)) if cuda else 0)
+    return states + (aligned(4 * len(layers)) if cuda else 0)
 
 
 def _close(processes: WriterProcesses, ring: HostRing) -> None:

@@ -71,9 +71,9 @@ class WriteJob:
     dtype: str  # "bfloat16"
     #: Each layer's ``(offset, shape)`` in the ring.
     places: list[tuple[int, tuple[int, ...]]]
-    #: Offset of the layers' ``[layers, 2]`` float32 (min, max) in the ring, where the worker
-    #: computed them on the GPU; None: the process computes them.
-    extremes_at: int | None = None
+    #: Offset of the layers' float32 largest magnitudes in the ring, where the worker computed
+    #: them on the GPU; None: the process reads the states for its checks.
+    largest_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -220,14 +220,13 @@ def write(job: WriteJob, rings: dict[str, mmap.mmap]) -> Written:
         torch.frombuffer(memory, dtype=dtype, count=math.prod(shape), offset=offset).view(shape)
         for offset, shape in job.places
     ]
-    extremes = None
-    if job.extremes_at is not None:
-        count = 2 * len(layers)
-        extremes = torch.frombuffer(memory, dtype=torch.float32, count=count,
-                                    offset=job.extremes_at).view(-1, 2)  # fmt: skip
+    largest = None
+    if job.largest_at is not None:
+        largest = torch.frombuffer(memory, dtype=torch.float32, count=len(layers),
+                                   offset=job.largest_at)  # fmt: skip
     e = job.expected
     start = time.perf_counter()
-    problem = sample_problem(e.where, job.layer_ids, layers, len(e.input_ids), extremes)
+    problem = sample_problem(e.where, job.layer_ids, layers, len(e.input_ids), largest)
     seconds["check"] = time.perf_counter() - start
     if problem is None:
         start, cpu = time.perf_counter(), time.thread_time()
