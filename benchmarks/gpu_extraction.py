@@ -125,7 +125,11 @@ def lengths(text: str) -> tuple[int, int]:
 
 def write_prompts(path: Path, count: int, length: tuple[int, int], vocab: int) -> list[list[int]]:
     rng = random.Random(0)
-    prompts = [[rng.randrange(8, vocab) for _ in range(rng.randint(*length))] for _ in range(count)]
+    shortest, longest = length
+    prompts = []
+    for _ in range(count):  # a length drawn only for a range: one length, the prompts of before
+        size = rng.randint(shortest, longest) if shortest < longest else shortest
+        prompts.append([rng.randrange(8, vocab) for _ in range(size)])
     path.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in prompts))
     return prompts
 
@@ -272,7 +276,7 @@ def _extract(model: str, data: Path, max_len: int, out: Path, mode: str) -> dict
             timers.wrap(generator.executor, "execute_model")
             timers.wrap(generator.executor, "collective_rpc", by_first_argument=True)
             yield generator
-            if handoff == "worker":
+            if chosen.handoff == "worker":
                 worker.extend(generator.executor.collective_rpc(worker_writer.state))
 
     backends.running = timed_generator
@@ -319,13 +323,17 @@ def _disk(prompts: list[list[int]], hidden: int, work: Path, threads: int) -> di
 
     out = work / f"disk_{threads}"
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with files.BackgroundWriter(depth=256, threads=threads) as writer:
-        for i, p in enumerate(prompts):
-            states = [torch.ones(len(p), hidden, dtype=torch.bfloat16) for _ in range(LAYER_COUNT)]
-            writer.submit(out / f"data_{i}.pt", {"input_ids": torch.tensor(p), "hs": states})
-    seconds = time.perf_counter() - start
-    shutil.rmtree(out)
+    try:
+        start = time.perf_counter()
+        with files.BackgroundWriter(depth=256, threads=threads) as writer:
+            for i, p in enumerate(prompts):
+                states = [
+                    torch.ones(len(p), hidden, dtype=torch.bfloat16) for _ in range(LAYER_COUNT)
+                ]
+                writer.submit(out / f"data_{i}.pt", {"input_ids": torch.tensor(p), "hs": states})
+        seconds = time.perf_counter() - start
+    finally:
+        shutil.rmtree(out)
     return {"seconds": seconds, "tokens_per_second": sum(map(len, prompts)) / seconds}
 
 
@@ -345,7 +353,7 @@ def _settings(mode: str) -> dict[str, str]:
 def _disk_processes(prompts: list[list[int]], hidden: int, out: Path) -> dict[str, Any]:
     """The writer processes alone, the ceiling for a path that writes through them: every
     sample's states already in a ring of the worker's size (as many samples' slots as fit, all
-    ones, each with the (min, max) the worker would have computed on the GPU; the jobs take
+    ones, each with the largest magnitudes the worker would have computed on the GPU; the jobs take
     the slots in turn, so that the processes read memory, not one sample's bytes from the
     cache), the processes started before the clock, as the engine's start does; timed from the
     first job handed out to the last file written."""
@@ -515,7 +523,7 @@ def main() -> None:
     rates = {mode: run["tokens_per_second"] for mode, run in median.items()}
     inside = {mode: run.get("inside", {}) for mode, run in median.items()}
     worker_side = {
-        mode: {k: run[k] for k in ("steps", "handoff") if run.get(k)}
+        mode: {k: run[k] for k in ("steps", "handoff", "backend") if run.get(k)}
         for mode, run in median.items()
     }
     written = [m for m in rates if m.startswith("extract")]

@@ -7,6 +7,7 @@ figures the benchmark scripts saved in docs/benchmarks/.
 from __future__ import annotations
 
 import json
+import math
 
 import matplotlib
 
@@ -102,7 +103,7 @@ def gpu_extraction_panel(ax: plt.Axes, runs: list[dict]) -> None:
     shown = [p for p in GPU_PATHS if any(p in run["rates"] for run in runs)]
     width = 0.8 / len(shown)
     for i, path in enumerate(shown):
-        ratios = [run["rates"].get(path, 0) / ceiling(run)[0] for run in runs]
+        ratios = [run["rates"].get(path, math.nan) / ceiling(run)[0] for run in runs]
         ax.bar([g + i * width for g in range(len(runs))], ratios, width, label=GPU_PATHS[path])
     ax.set_xticks(
         [g + width * (len(shown) - 1) / 2 for g in range(len(runs))],
@@ -141,9 +142,9 @@ def main() -> None:
         )
         if (data := load(name)) is not None
     ]
-    if gpu_runs := [
-        json.loads(p.read_text()) for p in sorted(RESULTS.glob("gpu_extraction*.json"))
-    ]:
+    found = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("gpu_extraction*.json"))]
+    # a run without vLLM's prefill beside it has no ceiling to be drawn against
+    if gpu_runs := [run for run in found if "vllm_prefill" in run["rates"]]:
         panels.append(("gpu_extraction", gpu_extraction_panel, gpu_runs))
     if not panels:
         raise SystemExit(f"no results in {RESULTS}: run the benchmark scripts first")
