@@ -53,3 +53,27 @@ def test_keyed_reply_on_the_gpu_is_written_bit_for_bit(tmp_path) -> None:
     writer.reply({f"req_2_{i}": s for i, s in enumerate(states)})
     assert all(problem is None for _, problem in writer.finished(wait=True))
     assert_written(batch, [[s[0].cpu()] for s in states])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), 0.0])
+def test_largest_magnitudes_on_the_gpu_see_a_bad_value_deep_in_a_large_state(bad) -> None:
+    """States of 2M elements, past the first chunk torch's CUDA kernel reduces: a NaN or Inf in
+    the last element of a row-slice of a step's states, or a layer all zero, is seen as the
+    host's own pass sees it."""
+    from specshim.runner.in_worker.checks import largest_magnitudes, state_problem
+
+    step = torch.randn(4096, 1024, device="cuda").to(torch.bfloat16)
+    sample = step[2048:]  # a prompt's rows of one step: a view at an offset
+    if bad == 0.0:
+        sample.zero_()
+    else:
+        sample[-1, -1] = bad
+    batch = [[step[:2048], sample], [step[:7], step[7:9]]]
+    found = largest_magnitudes(batch).cpu()
+    for row, layers in zip(found, batch, strict=True):
+        for largest, state in zip(row, layers, strict=True):
+            host = state.cpu()
+            assert state_problem(host, host.shape[0], largest) == state_problem(host, host.shape[0])
+    assert state_problem(sample.cpu(), 2048) == (
+        "states are all zero" if bad == 0.0 else "states hold NaN or Inf"
+    )
