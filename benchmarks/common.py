@@ -1,5 +1,5 @@
 """What every benchmark script shares: a fresh worker process per measurement, its result
-line, and the JSON the plot is drawn from."""
+line, the JSON the plot is drawn from, and the ceiling a GPU run's paths are read against."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ def save_results(name: str, data: Any) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def ceiling(rates: dict[str, float]) -> tuple[float, str] | None:
+    """A GPU run's ceiling, min(vLLM's prefill, the faster disk path), and which one it is;
+    None for a run with neither."""
+    bounds = {"prefill": rates.get("vllm_prefill", 0.0)}
+    bounds["disk"] = max((r for p, r in rates.items() if p.startswith("disk")), default=0.0)
+    measured = {name: rate for name, rate in bounds.items() if rate}
+    if not measured:
+        return None
+    name = min(measured, key=measured.__getitem__)
+    return measured[name], name

@@ -71,7 +71,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import run_worker, save_results
+from common import ceiling, run_worker, save_results
 
 LAYER_COUNT = 4  # captured layers, speculators' default count
 PATHS = (
@@ -532,8 +532,7 @@ def main() -> None:
         how = f"within relative error {worst:.1e} of" if worst else "equal, tensor for tensor,"
         print(f"{mode}'s {compared} files {how} {written[0]}'s")
     base = rates.get("vllm_prefill")
-    disk = max((r for m, r in rates.items() if m.startswith("disk")), default=0)
-    ceiling = min((r for r in (rates.get("vllm_prefill", 0), disk) if r), default=0)
+    bound = ceiling(rates)
     heads = f"{args.hidden // args.head_dim}/{args.kv_heads or args.hidden // args.head_dim // 2}"
     shortest, longest = args.length
     length = f"{shortest}" if shortest == longest else f"{shortest} to {longest}"
@@ -544,7 +543,7 @@ def main() -> None:
           + ("  runs vs prefill" if args.repeat > 1 else ""))  # fmt: skip
     for mode, rate in rates.items():
         vs_base = f"{rate / base:.3f}" if base else "-"
-        vs_ceiling = f"{rate / ceiling:.3f}" if ceiling else "-"
+        vs_ceiling = f"{rate / bound[0]:.3f}" if bound else "-"
         each = sorted(run["tokens_per_second"] / base for run in runs[mode]) if base else []
         spread = (
             f"  {len(each)}: {each[0]:.3f} to {each[-1]:.3f}" if args.repeat > 1 and each else ""

@@ -13,7 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from common import RESULTS
+from common import RESULTS, ceiling
 
 OUT = RESULTS.parent / "benchmarks.png"
 #: The GPU extraction panel alone, the figure docs/benchmarks.md opens with.
@@ -88,13 +88,9 @@ GPU_PATHS = {
 }
 
 
-def ceiling(run: dict) -> tuple[float, str]:
-    """A GPU run's ceiling, min(prefill, the faster disk path), and which one it is."""
-    rates = run["rates"]
-    disk = max((r for p, r in rates.items() if p.startswith("disk")), default=None)
-    if disk is not None and disk < rates["vllm_prefill"]:
-        return disk, "disk"
-    return rates["vllm_prefill"], "prefill"
+def run_ceiling(run: dict) -> tuple[float, str]:
+    """The ceiling of a saved GPU run; a run with neither prefill nor disk draws as missing."""
+    return ceiling(run["rates"]) or (math.nan, "none")
 
 
 def gpu_extraction_panel(ax: plt.Axes, runs: list[dict]) -> None:
@@ -103,7 +99,7 @@ def gpu_extraction_panel(ax: plt.Axes, runs: list[dict]) -> None:
     shown = [p for p in GPU_PATHS if any(p in run["rates"] for run in runs)]
     width = 0.8 / len(shown)
     for i, path in enumerate(shown):
-        ratios = [run["rates"].get(path, math.nan) / ceiling(run)[0] for run in runs]
+        ratios = [run["rates"].get(path, math.nan) / run_ceiling(run)[0] for run in runs]
         ax.bar([g + i * width for g in range(len(runs))], ratios, width, label=GPU_PATHS[path])
     ax.set_xticks(
         [g + width * (len(shown) - 1) / 2 for g in range(len(runs))],
@@ -128,7 +124,7 @@ def run_label(run: dict) -> str:
         f"{device}, vLLM {where.get('vllm', '?')}\n"
         f"{args.get('architecture', 'llama')} {args['layers']} x {args['hidden']}, "
         f"{args['prompts']} x {length} tokens\n"
-        f"ceiling: {ceiling(run)[1]}; {where.get('date', '?')}"
+        f"ceiling: {run_ceiling(run)[1]}; {where.get('date', '?')}"
     )
 
 
