@@ -111,6 +111,21 @@ def detect() -> Accelerator:
     )
 
 
+#: torch answers ``torch.cuda.is_available()`` and ``device_count()`` through NVML with this
+#: set: asked through the CUDA runtime instead (speculators and transformers ask at import),
+#: torch marks every later fork of the process as unable to use CUDA, and vLLM, which checks
+#: only ``torch.cuda.is_initialized()``, would fork its engine all the same.
+FORK_SAFE_CUDA_CHECKS = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+
+def keep_forks_able_to_use_cuda(environ: dict[str, str] | None = None) -> None:
+    """Have torch's CUDA checks in this process go through NVML (:data:`FORK_SAFE_CUDA_CHECKS`)
+    unless the user chose otherwise; call it before anything asks torch about CUDA."""
+    env = os.environ if environ is None else environ
+    for name, value in FORK_SAFE_CUDA_CHECKS.items():
+        env.setdefault(name, value)
+
+
 def _nvml_gpu() -> tuple[str, int, tuple[int, int]] | None:
     """The first visible GPU's name and compute capability and the visible GPUs' count, from
     NVML (``pynvml``, which vLLM requires: nvidia-ml-py); None where NVML cannot tell, or where

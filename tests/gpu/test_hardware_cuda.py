@@ -10,11 +10,16 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-#: In a fresh interpreter: name the GPU, then fork a child that computes on it.
+#: In a fresh interpreter, as ``specshim``'s commands do before vLLM starts: torch's checks
+#: through NVML, the GPU named, speculators imported (it asks ``torch.cuda.is_available()``);
+#: then fork a child that computes on the GPU.
 NAMED_THEN_FORKED = """
 import os, sys, torch
 from specshim import hardware
+hardware.keep_forks_able_to_use_cuda()
 named = hardware.detect()
+import speculators
+assert not torch.cuda.is_initialized()
 pid = os.fork()
 if pid == 0:
     try:
@@ -30,9 +35,9 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 def test_a_child_forked_after_the_gpu_is_named_computes_on_it() -> None:
-    """The child of a process that named the GPU runs CUDA (with the runtime asked instead, it
-    fails: "Cannot re-initialize CUDA in forked subprocess"), and the name, count and
-    capability are torch's own."""
+    """The child of a process that named the GPU and imported speculators runs CUDA (with the
+    runtime asked instead, it fails: "Cannot re-initialize CUDA in forked subprocess"), and the
+    name, count and capability are torch's own."""
     import torch
 
     done = subprocess.run(
