@@ -14,6 +14,7 @@ the ``worker_start_method`` adapter.
 from __future__ import annotations
 
 import ast
+import contextlib
 import ctypes.util
 import importlib.util
 import os
@@ -90,23 +91,19 @@ def detect() -> Accelerator:
     except ImportError:
         return Accelerator("cpu", cpu, 0, None, None, None)
     build = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-    if not torch.version.cuda:
+    if torch.version.cuda and (seen := _nvml_gpu()) is not None:
+        name, count, (major, minor) = seen
+    elif torch.cuda.is_available():  # ROCm's torch answers here too, as "cuda"
+        name, count = torch.cuda.get_device_name(0), torch.cuda.device_count()
+        major, minor = torch.cuda.get_device_capability(0)
+    else:
         return Accelerator("cpu", cpu, 0, None, None, build)
-    if (seen := _nvml_gpu()) is None:
-        if not torch.cuda.is_available():
-            return Accelerator("cpu", cpu, 0, None, None, build)
-        seen = (
-            torch.cuda.get_device_name(0),
-            torch.cuda.device_count(),
-            torch.cuda.get_device_capability(0),
-        )
-    name, count, (major, minor) = seen
     return Accelerator(
-        kind="cuda" if count else "cpu",
-        name=name if count else cpu,
+        kind="cuda",
+        name=name,
         count=count,
-        compute_capability=f"sm_{major}{minor}" if count else None,
-        architecture=architecture(major) if count else None,
+        compute_capability=f"sm_{major}{minor}",
+        architecture=architecture(major),
         torch_build=build,
     )
 
@@ -128,40 +125,43 @@ def keep_forks_able_to_use_cuda(environ: dict[str, str] | None = None) -> None:
 
 def _nvml_gpu() -> tuple[str, int, tuple[int, int]] | None:
     """The first visible GPU's name and compute capability and the visible GPUs' count, from
-    NVML (``pynvml``, which vLLM requires: nvidia-ml-py); None where NVML cannot tell, or where
-    ``CUDA_VISIBLE_DEVICES`` names a GPU by anything but its index or UUID. A count of 0:
-    NVML answers, and no GPU is visible."""
+    NVML (``pynvml``: nvidia-ml-py, which vLLM requires). None wherever NVML's answer might
+    not be CUDA's, for torch to answer instead: NVML fails or finds no GPU,
+    ``CUDA_VISIBLE_DEVICES`` is anything but distinct indices of GPUs present (UUIDs, MIG
+    instances, a ``-1``), or the visible GPUs are of more than one kind while CUDA may number
+    them otherwise than NVML (``CUDA_DEVICE_ORDER`` is not ``PCI_BUS_ID``)."""
     try:
         import pynvml
     except ImportError:
         return None
+    failures = (pynvml.NVMLError, OSError, TypeError, ValueError)  # of NVML or an old pynvml
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError:
+    except failures:
         return None
     try:
+        present = pynvml.nvmlDeviceGetCount()
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = (
-            [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            if visible is None
-            else [v.strip() for v in visible.split(",") if v.strip()]
-        )
-        if not ids or ids[0].startswith("-"):
-            return "", 0, (0, 0)
-        first = ids[0]
-        if first.isdigit():
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(first))
-        elif first.startswith("GPU-"):
-            handle = pynvml.nvmlDeviceGetHandleByUUID(first)
-        else:
+        entries = [str(i) for i in range(present)] if visible is None else visible.split(",")
+        if not entries or not all(e.strip().isdigit() for e in entries):
             return None
-        name = pynvml.nvmlDeviceGetName(handle)
-        capability = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-        return (name.decode() if isinstance(name, bytes) else name), len(ids), tuple(capability)
-    except pynvml.NVMLError:
+        indices = [int(e) for e in entries]
+        if len(set(indices)) != len(indices) or max(indices) >= present:
+            return None
+        kinds = []
+        for index in indices:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            kinds.append((name.decode() if isinstance(name, bytes) else name, (major, minor)))
+        if len(set(kinds)) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            return None
+        return kinds[0][0], len(kinds), kinds[0][1]
+    except failures:
         return None
     finally:
-        pynvml.nvmlShutdown()
+        with contextlib.suppress(*failures):
+            pynvml.nvmlShutdown()
 
 
 CPU_ENVIRONMENT = {
