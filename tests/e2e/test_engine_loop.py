@@ -64,13 +64,13 @@ OPTIONS = {
     "chunked": ("--backend", "engine", "--max-num-batched-tokens", "16"),
     "v2": ("--backend", "engine"),
     "forked": ("--backend", "engine"),
+    "forked_native": ("--backend", "native"),
 }
-#: The runs' environments beyond the test bed's: ``forked`` runs vLLM's engine core in its own
-#: process, forked from the caller with specshim's patches in place, as vLLM does by default
-#: on a GPU (on the CPU specshim keeps it in the caller's process).
-ENVIRONMENTS = {
-    "forked": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
-}
+#: The runs' environments beyond the test bed's: the ``forked`` runs have vLLM's engine core in
+#: its own process, forked from the caller with specshim's patches in place, as vLLM does by
+#: default on a GPU (on the CPU specshim keeps it in the caller's process).
+FORKED = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+ENVIRONMENTS = {"forked": FORKED, "forked_native": FORKED}
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,12 @@ def test_on_model_runner_v2_too(runs) -> None:
 def test_with_vllms_engine_forked_as_on_a_gpu(runs) -> None:
     """vLLM forks its engine core where the caller has not started CUDA (on a GPU, its default
     since specshim names the GPU through NVML): the forked engine, holding the caller's patches
-    and applying them again through the plugin, writes the generator backend's files."""
+    and applying them again through the plugin, writes the generator backend's files: the
+    engine backend's bit for bit, the native backend's within its tolerance."""
     if runs.pair != ("0.32.0", "0.4.0.1"):
         pytest.skip("one environment shows it: the fork is vLLM's, the same in each")
     assert_bit_for_bit(runs.out("generator"), runs.out("forked"))
+    assert_same_files(runs.out("generator"), runs.out("forked_native"))  # vLLM's own capture
 
 
 def test_chunked_prefill_joins_each_prompts_steps(runs, tiny_models) -> None:
