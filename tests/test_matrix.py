@@ -204,7 +204,7 @@ def test_an_accelerator_is_named_by_gpu_and_compute_capability_or_cpu_architectu
 def test_every_shipped_row_names_its_accelerator_as_report_names_one() -> None:
     """A row's accelerator is compared with ``where(hardware.detect())``: one spelled any
     other way would never be quoted. The H200 rows of 2026-12-03 and 2026-12-04 and the H100
-    rows of 2026-12-06 and 2026-12-07 are among them."""
+    rows of 2026-12-06 to 2026-12-08 are among them."""
     named = {matrix.where(m) for m in (X86, FAKE_H200, FAKE_H100)}
     rows = matrix.load()
     assert {r.accelerator for r in rows} <= named, {r.accelerator for r in rows} - named
@@ -226,6 +226,7 @@ def test_every_shipped_row_names_its_accelerator_as_report_names_one() -> None:
         "vllm 0.33.0 + speculators 0.4.0.1 (engine backend)",
         "vllm 0.32.0 + speculators 0.4.0.1",
         "vllm 0.26.0 + speculators 0.4.0.1 (engine backend)",
+        "vllm 0.26.0 + speculators 0.3.0 (engine backend)",
         "vllm 0.34.0 + speculators 0.4.0.1 (native backend)",
         "vllm 0.34.0 + speculators 0.3.0 (native backend)",
     ]

