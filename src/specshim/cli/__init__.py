@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from specshim import console, hardware
+from specshim import console
 from specshim.cli.data import _add_convert, _add_extract, _add_vocab
 from specshim.cli.draft import _add_eval, _add_run, _add_train
 from specshim.cli.installation import _add_report, _add_snapshot, _add_triage
@@ -116,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     console.configure(args.quiet)
     console.phase("command started")
+    from specshim import hardware  # not at the top: --version needs none of its imports
+
     hardware.keep_forks_able_to_use_cuda()  # before the commands' imports ask torch
     if args.command == "vocab" and args.target_vocab_size is None and args.model is None:
         parser().error("vocab needs --target-vocab-size or --model")
